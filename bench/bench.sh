@@ -1,0 +1,329 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# urdma benchmark (a benchmark, not a test: it always exits 0 unless misused).
+#
+# Runs, interleaved in the same run, urdma (Debian's perftest through
+# `urdma run`) and shared-memory peers (UCX ucx_perftest, libfabric
+# fi_pingpong) on loopback, server pinned to CPU 1 and client to CPU 0,
+# BENCH_REPS times each, and prints one table of medians with the goals:
+#
+#   8 B ib_send_lat / ib_write_lat one-way latency (t_typical)  vs UCX ucp_am_lat 8 B (p50)
+#   1 MiB ib_write_bw (GB/s = 1e9 B/s)   vs UCX UCT cma put_bw zcopy 1 MiB, libfabric shm fi_pingpong 1 MiB
+#   8 B ib_send_bw message rate (Mmsg/s) vs UCX ucp_am_bw 8 B message rate
+#
+# Usage: bench.sh [BUILD_DIR]   (default: <source>/build)
+# Output: the table on stdout and in BUILD_DIR/bench/results.md; raw logs in
+# BUILD_DIR/bench/logs/.
+# Environment: BENCH_REPS (default 5), BENCH_BUDGET seconds (default 240;
+# no new repetition starts after it), BENCH_DEVICE (default urdma0),
+# BENCH_PORT (first TCP port, default 18800).
+set -u
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BUILD=${1:-$HERE/../build}
+if ! BUILD=$(cd "$BUILD" 2>/dev/null && pwd); then
+    echo "bench: build directory '${1:-$HERE/../build}' not found" >&2
+    exit 2
+fi
+URDMA=$BUILD/bin/urdma
+OUTDIR=$BUILD/bench
+LOGS=$OUTDIR/logs
+RESULTS=$OUTDIR/results.md
+REPS=${BENCH_REPS:-5}
+BUDGET=${BENCH_BUDGET:-240}
+DEV=${BENCH_DEVICE:-urdma0}
+PORT=${BENCH_PORT:-18800}
+START=$SECONDS
+
+mkdir -p "$LOGS"
+rm -f "$LOGS"/*.log
+
+BG_PIDS=()
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+cleanup() {
+    local pid
+    for pid in "${BG_PIDS[@]}"; do
+        kill -0 "$pid" 2>/dev/null && kill -TERM "$pid" 2>/dev/null
+    done
+    sleep 0.2
+    for pid in "${BG_PIDS[@]}"; do
+        kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+    done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+
+say() { printf '%s\n' "$*" >&2; }
+
+# have CMD PACKAGE: true if CMD is available (installing PACKAGE as root).
+have() {
+    command -v "$1" >/dev/null 2>&1 && return 0
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        say "bench: installing package $2 (for $1)"
+        DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y "$2" >"$LOGS/apt-$2.log" 2>&1 ||
+            { DEBIAN_FRONTEND=noninteractive timeout 300 apt-get update >>"$LOGS/apt-$2.log" 2>&1 &&
+              DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y "$2" >>"$LOGS/apt-$2.log" 2>&1; }
+        command -v "$1" >/dev/null 2>&1 && return 0
+    fi
+    say "bench: '$1' not found (Debian package '$2'); its figures will be n/a"
+    return 1
+}
+
+# CPU pinning: server on CPU 1, client on CPU 0 (no pinning on 1 CPU).
+if have taskset util-linux && [ "$(nproc 2>/dev/null || echo 1)" -ge 2 ]; then
+    PIN_SRV=(taskset -c 1)
+    PIN_CLI=(taskset -c 0)
+else
+    say "bench: fewer than 2 CPUs or no taskset: not pinning"
+    PIN_SRV=()
+    PIN_CLI=()
+fi
+have timeout coreutils || exit 2
+have ss iproute2 || exit 2
+
+port_listening() { ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
+next_port() {
+    PORT=$((PORT + 1))
+    while port_listening "$PORT"; do PORT=$((PORT + 1)); done
+}
+
+# pair LOGTAG TIMEOUT "ENV..." SERVER_ARGS -- CLIENT_ARGS
+#   Runs server (pinned to CPU 1) then, once $PORT listens, the client
+#   (pinned to CPU 0), both under `timeout`.  ENV is a space-separated list
+#   of VAR=value for both sides.  Leaves the client log in $PAIR_LOG and
+#   returns 0 if both sides exited 0.
+pair() {
+    local tag=$1 t=$2 envs=$3
+    shift 3
+    local -a srv=() cli=() envv=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do srv+=("$1"); shift; done
+    shift
+    cli=("$@")
+    read -r -a envv <<<"$envs"
+    local slog=$LOGS/$tag.server.log spid crc src i=0
+    PAIR_LOG=$LOGS/$tag.client.log
+    printf 'server: %s\nclient: %s\n' "${srv[*]}" "${cli[*]}" >"$LOGS/$tag.cmd"
+    env "${envv[@]}" timeout -k 2 "$t" "${PIN_SRV[@]}" "${srv[@]}" >"$slog" 2>&1 &
+    spid=$!
+    BG_PIDS+=("$spid")
+    while ! port_listening "$PORT"; do
+        if ! kill -0 "$spid" 2>/dev/null || [ "$i" -ge 300 ]; then
+            kill -TERM "$spid" 2>/dev/null
+            wait "$spid" 2>/dev/null
+            echo "server did not listen on port $PORT" >"$PAIR_LOG"
+            return 1
+        fi
+        sleep 0.05
+        i=$((i + 1))
+    done
+    env "${envv[@]}" timeout -k 2 "$t" "${PIN_CLI[@]}" "${cli[@]}" >"$PAIR_LOG" 2>&1
+    crc=$?
+    if [ "$crc" -ne 0 ]; then
+        i=0
+        while kill -0 "$spid" 2>/dev/null && [ "$i" -lt 40 ]; do sleep 0.05; i=$((i + 1)); done
+        kill -TERM "$spid" 2>/dev/null
+    fi
+    wait "$spid"
+    src=$?
+    [ "$crc" -eq 0 ] && [ "$src" -eq 0 ]
+}
+
+# perftest_row LOG: the first numeric row under the "#bytes" header.
+perftest_row() {
+    awk '/#bytes/ { hdr = 1; next }
+         hdr && /^[[:space:]]*[0-9]+[[:space:]]+[0-9]+/ { print; exit }' "$1"
+}
+# perftest_col LOG NAME: index (1-based) of the header column starting with NAME.
+perftest_col() {
+    awk -v want="$2" '/#bytes/ { for (i = 1; i <= NF; i++) if (index($i, want) == 1) { print i; exit } }' "$1"
+}
+
+# --- the measurements; each sets VAL to one number (empty on failure) ----
+# (They run in the main shell, not in $(...), so PORT and BG_PIDS persist.)
+
+urdma_lat() {  # TEST: median (t_typical) one-way latency in usec, 8 B
+    local t=$1 tag=$1.$REP col
+    next_port
+    pair "$tag" 30 "" "$URDMA" run "$t" -d "$DEV" -p "$PORT" -F -s 8 -n 20000 -- \
+        "$URDMA" run "$t" -d "$DEV" -p "$PORT" -F -s 8 -n 20000 127.0.0.1 || return 1
+    col=$(perftest_col "$PAIR_LOG" t_typical)
+    [ -n "$col" ] || col=5
+    VAL=$(perftest_row "$PAIR_LOG" | awk -v c="$col" '{ print $c }')
+}
+
+urdma_write_bw() {  # GB/s (1e9), 1 MiB ib_write_bw; perftest MB/sec is MiB/s
+    local tag=ib_write_bw.$REP
+    next_port
+    pair "$tag" 40 "" "$URDMA" run ib_write_bw -d "$DEV" -p "$PORT" -F -s 1048576 -n 5000 -- \
+        "$URDMA" run ib_write_bw -d "$DEV" -p "$PORT" -F -s 1048576 -n 5000 127.0.0.1 || return 1
+    # #bytes #iterations BW-peak BW-average MsgRate
+    VAL=$(perftest_row "$PAIR_LOG" | awk '{ printf "%.3f\n", $4 * 1048576 / 1e9 }')
+}
+
+urdma_send_rate() {  # Mmsg/s, 8 B ib_send_bw
+    local tag=ib_send_bw.$REP
+    next_port
+    pair "$tag" 40 "" "$URDMA" run ib_send_bw -d "$DEV" -p "$PORT" -F -s 8 -n 1000000 -- \
+        "$URDMA" run ib_send_bw -d "$DEV" -p "$PORT" -F -s 8 -n 1000000 127.0.0.1 || return 1
+    VAL=$(perftest_row "$PAIR_LOG" | awk '{ printf "%.3f\n", $5 }')
+}
+
+# ucx_perftest -f final line: iters p50 avg overall bw_avg bw_overall rate_avg rate_overall
+ucx_final() { awk 'NF == 8 && $1 ~ /^[0-9]+$/ { l = $0 } END { if (l != "") print l }' "$1"; }
+
+ucx_am_lat() {  # usec, p50 one-way
+    local tag=ucx_am_lat.$REP
+    next_port
+    pair "$tag" 30 "UCX_TLS=posix,self" ucx_perftest -p "$PORT" -- \
+        ucx_perftest 127.0.0.1 -p "$PORT" -t ucp_am_lat -s 8 -n 100000 -f || return 1
+    VAL=$(ucx_final "$PAIR_LOG" | awk '{ printf "%.3f\n", $2 }')
+}
+
+ucx_am_rate() {  # Mmsg/s
+    local tag=ucx_am_bw.$REP
+    next_port
+    pair "$tag" 30 "UCX_TLS=posix,self" ucx_perftest -p "$PORT" -- \
+        ucx_perftest 127.0.0.1 -p "$PORT" -t ucp_am_bw -s 8 -n 2000000 -f || return 1
+    VAL=$(ucx_final "$PAIR_LOG" | awk '{ printf "%.3f\n", $8 / 1e6 }')
+}
+
+ucx_cma_put() {  # GB/s; ucx_perftest MB/s is MiB/s
+    local tag=ucx_cma_put_bw.$REP
+    next_port
+    pair "$tag" 30 "UCX_TLS=all" ucx_perftest -p "$PORT" -- \
+        ucx_perftest 127.0.0.1 -p "$PORT" -x cma -d memory -t put_bw -D zcopy -s 1048576 -n 5000 -f || return 1
+    VAL=$(ucx_final "$PAIR_LOG" | awk '{ printf "%.3f\n", $6 * 1048576 / 1e9 }')
+}
+
+fi_shm_bw() {  # GB/s; fi_pingpong MB/sec is 1e6 B/s
+    local tag=fi_shm_pingpong.$REP
+    next_port
+    pair "$tag" 30 "" fi_pingpong -p shm -e rdm -B "$PORT" -I 2000 -S 1048576 -- \
+        fi_pingpong -p shm -e rdm -P "$PORT" -I 2000 -S 1048576 127.0.0.1 || return 1
+    # bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec
+    VAL=$(awk '/MB\/sec/ { hdr = 1; next } hdr && NF >= 8 { printf "%.3f\n", $6 / 1000; exit }' "$PAIR_LOG")
+}
+
+# --- what can run ----------------------------------------------------------
+
+declare -A VALS=() FAILS=() NOTE=()
+ALL=(send_lat write_lat write_bw send_rate ucx_lat ucx_rate ucx_put fi_bw)
+RUNNABLE=()
+
+URDMA_OK=0
+if [ ! -x "$URDMA" ]; then
+    NOTE[urdma]="$URDMA not built"
+elif ! timeout 20 "$URDMA" devices >"$LOGS/urdma-devices.log" 2>&1 ||
+     ! grep -q "^$DEV\$" "$LOGS/urdma-devices.log"; then
+    NOTE[urdma]="'urdma devices' does not list $DEV (see $LOGS/urdma-devices.log)"
+elif ! have ib_send_lat perftest; then
+    NOTE[urdma]="perftest not installed"
+else
+    URDMA_OK=1
+    RUNNABLE+=(send_lat write_lat write_bw send_rate)
+fi
+[ "$URDMA_OK" = 1 ] || say "bench: urdma figures n/a: ${NOTE[urdma]}"
+if have ucx_perftest ucx-utils; then RUNNABLE+=(ucx_lat ucx_rate ucx_put); fi
+if have fi_pingpong libfabric-bin; then RUNNABLE+=(fi_bw); fi
+
+measure() {  # KEY -> function
+    case $1 in
+        send_lat) urdma_lat ib_send_lat ;;
+        write_lat) urdma_lat ib_write_lat ;;
+        write_bw) urdma_write_bw ;;
+        send_rate) urdma_send_rate ;;
+        ucx_lat) ucx_am_lat ;;
+        ucx_rate) ucx_am_rate ;;
+        ucx_put) ucx_cma_put ;;
+        fi_bw) fi_shm_bw ;;
+    esac
+}
+
+# Interleaved order: each urdma metric next to its peer.
+ORDER=(send_lat ucx_lat write_lat write_bw ucx_put fi_bw send_rate ucx_rate)
+say "bench: $REPS repetitions, budget ${BUDGET}s, logs in $LOGS"
+REP=0
+DONE_REPS=0
+while [ "$REP" -lt "$REPS" ]; do
+    REP=$((REP + 1))
+    if [ $((SECONDS - START)) -ge "$BUDGET" ]; then
+        say "bench: time budget reached, stopping after $DONE_REPS repetitions"
+        break
+    fi
+    for k in "${ORDER[@]}"; do
+        [[ " ${RUNNABLE[*]} " == *" $k "* ]] || continue
+        # Give up on a metric after two failed runs.
+        [ "${FAILS[$k]:-0}" -ge 2 ] && continue
+        VAL=""
+        measure "$k"
+        v=$VAL
+        if [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+            VALS[$k]="${VALS[$k]:-} $v"
+            say "bench: rep $REP $k = $v"
+        else
+            FAILS[$k]=$((${FAILS[$k]:-0} + 1))
+            say "bench: rep $REP $k failed (see $LOGS/*.$REP.*.log)"
+        fi
+    done
+    DONE_REPS=$REP
+done
+
+median() {  # values... -> median or n/a
+    [ $# -eq 0 ] && { echo n/a; return; }
+    printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END {
+        if (NR % 2) m = v[(NR + 1) / 2]; else m = (v[NR / 2] + v[NR / 2 + 1]) / 2
+        printf "%.3f\n", m }'
+}
+med() {  # KEY
+    # shellcheck disable=SC2086  # word splitting of the value list is wanted
+    median ${VALS[$1]:-}
+}
+count() { local -a a; read -r -a a <<<"${VALS[$1]:-}"; echo "${#a[@]}"; }
+
+ratio() {  # URDMA PEER -> urdma/peer
+    if [ "$1" = n/a ] || [ "$2" = n/a ]; then echo n/a; return; fi
+    awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f\n", a / b; else print "n/a" }'
+}
+goal_met() {  # VALUE OP LIMIT
+    [ "$1" = n/a ] && { echo n/a; return; }
+    awk -v v="$1" -v op="$2" -v l="$3" 'BEGIN {
+        ok = (op == "<=") ? (v <= l) : (v >= l); print ok ? "yes" : "no" }'
+}
+
+SL=$(med send_lat); WL=$(med write_lat); WB=$(med write_bw); SR=$(med send_rate)
+UL=$(med ucx_lat); UR=$(med ucx_rate); UP=$(med ucx_put); FB=$(med fi_bw)
+
+row() {  # metric urdma peer-name peer goal-op goal-limit goal-text
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$1" "$2" "$3" "$4" \
+        "$(ratio "$2" "$4")" "$7" "$(goal_met "$2" "$5" "$6")"
+}
+
+{
+    echo "# urdma benchmark"
+    echo
+    echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -srm), $(nproc) CPUs" \
+         "($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), loopback," \
+         "server on CPU 1 / client on CPU 0, median of up to $DONE_REPS runs" \
+         "(runs per metric: send_lat $(count send_lat), write_lat $(count write_lat)," \
+         "write_bw $(count write_bw), send_rate $(count send_rate), ucx_lat $(count ucx_lat)," \
+         "ucx_rate $(count ucx_rate), ucx_put $(count ucx_put), fi_bw $(count fi_bw)); GB = 1e9 B."
+    echo
+    echo "| metric | urdma | peer | peer figure | urdma/peer | goal | met |"
+    echo "|---|---|---|---|---|---|---|"
+    row "8 B ib_send_lat one-way latency, µs (t_typical)" "$SL" "UCX ucp_am_lat 8 B p50 (posix)" "$UL" "<=" 1.0 "≤ 1.0 µs"
+    row "8 B ib_write_lat one-way latency, µs (t_typical)" "$WL" "UCX ucp_am_lat 8 B p50 (posix)" "$UL" "<=" 1.0 "≤ 1.0 µs"
+    row "1 MiB ib_write_bw, GB/s" "$WB" "UCX UCT cma put_bw zcopy 1 MiB" "$UP" ">=" 15 "≥ 15 GB/s"
+    row "1 MiB ib_write_bw, GB/s" "$WB" "libfabric shm fi_pingpong 1 MiB" "$FB" ">=" 15 "≥ 15 GB/s"
+    row "8 B ib_send_bw message rate, Mmsg/s" "$SR" "UCX ucp_am_bw 8 B rate (posix)" "$UR" ">=" 3 "≥ 3 Mmsg/s"
+    echo
+    echo "Latency ratio: lower is better; bandwidth and rate ratio: higher is better."
+    [ "$URDMA_OK" = 1 ] || echo "urdma figures n/a: ${NOTE[urdma]}."
+    for k in "${ALL[@]}"; do
+        if [ "${FAILS[$k]:-0}" -gt 0 ]; then
+            echo "$k: ${FAILS[$k]} failed run(s); logs in $LOGS."
+        fi
+    done
+    echo "Total time: $((SECONDS - START)) s."
+} | tee "$RESULTS"
+say "bench: results written to $RESULTS"
+exit 0

@@ -1,0 +1,354 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Completion queues and completion channels.
+ *
+ * A CQ has two sources: a private ring of completions produced in this
+ * process (send completions, flushes), and the receive queues of the QPs
+ * that use it as recv CQ, whose entries peers complete in shared memory.
+ * ibv_poll_cq drains the ring first, then harvests those receive queues.
+ *
+ * Notification: ibv_req_notify_cq arms the CQ and sets 'notify' in the
+ * shared block of each of its receive QPs.  A local producer fires the
+ * channel directly; a remote deliverer clears 'notify', sets 'notify_fired'
+ * and wakes our progress thread, which fires the channel (urdma_cq_notify).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "core/urdma.h"
+#include "util/log.h"
+
+struct ibv_comp_channel *urdma_create_comp_channel(struct ibv_context *context)
+{
+	struct urdma_channel *ch = calloc(1, sizeof(*ch));
+
+	if (!ch) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	ch->ch.fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+	if (ch->ch.fd < 0) {
+		free(ch);
+		return NULL;
+	}
+	ch->ch.context = context;
+	pthread_mutex_init(&ch->lock, NULL);
+	return &ch->ch;
+}
+
+int urdma_destroy_comp_channel(struct ibv_comp_channel *channel)
+{
+	struct urdma_channel *ch = to_uchan(channel);
+
+	if (__atomic_load_n(&channel->refcnt, __ATOMIC_ACQUIRE))
+		return EBUSY;
+	close(channel->fd);
+	free(ch->q);
+	pthread_mutex_destroy(&ch->lock);
+	free(ch);
+	return 0;
+}
+
+static void channel_push(struct urdma_channel *ch, struct urdma_cq *cq)
+{
+	uint64_t one = 1;
+
+	pthread_mutex_lock(&ch->lock);
+	if (ch->count == ch->cap) {
+		unsigned int ncap = ch->cap ? ch->cap * 2 : 16;
+		struct urdma_cq **nq = malloc(ncap * sizeof(*nq));
+
+		if (!nq) {
+			pthread_mutex_unlock(&ch->lock);
+			urdma_err("out of memory: a completion event is lost");
+			return;
+		}
+		for (unsigned int i = 0; i < ch->count; i++)
+			nq[i] = ch->q[(ch->head + i) % ch->cap];
+		free(ch->q);
+		ch->q = nq;
+		ch->cap = ncap;
+		ch->head = 0;
+	}
+	ch->q[(ch->head + ch->count++) % ch->cap] = cq;
+	pthread_mutex_unlock(&ch->lock);
+	if (write(ch->ch.fd, &one, sizeof(one)) < 0)
+		urdma_err("completion channel write: %m");
+}
+
+/* Called with cq->lock held. */
+static void cq_fire_locked(struct urdma_cq *cq)
+{
+	struct urdma_qp *qp;
+
+	if (!cq->armed)
+		return;
+	cq->armed = URDMA_NOTIFY_NONE;
+	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
+		atomic_store(&qp->shm->notify, URDMA_NOTIFY_NONE);
+	if (cq->chan)
+		channel_push(cq->chan, cq);
+}
+
+int urdma_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq,
+		       void **cq_context)
+{
+	struct urdma_channel *ch = to_uchan(channel);
+	struct urdma_cq *ucq;
+	uint64_t v;
+
+	if (read(channel->fd, &v, sizeof(v)) != sizeof(v))
+		return -1;
+	pthread_mutex_lock(&ch->lock);
+	if (!ch->count) {
+		pthread_mutex_unlock(&ch->lock);
+		errno = EAGAIN;
+		return -1;
+	}
+	ucq = ch->q[ch->head];
+	ch->head = (ch->head + 1) % ch->cap;
+	ch->count--;
+	pthread_mutex_unlock(&ch->lock);
+	pthread_mutex_lock(&ucq->ibcq.mutex);
+	ucq->events_reported++;
+	pthread_mutex_unlock(&ucq->ibcq.mutex);
+	*cq = &ucq->ibcq;
+	*cq_context = ucq->ibcq.cq_context;
+	return 0;
+}
+
+void urdma_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
+{
+	pthread_mutex_lock(&cq->mutex);
+	cq->comp_events_completed += nevents;
+	pthread_cond_signal(&cq->cond);
+	pthread_mutex_unlock(&cq->mutex);
+}
+
+struct ibv_cq *urdma_create_cq(struct ibv_context *context, int cqe,
+			       void *cq_context,
+			       struct ibv_comp_channel *channel,
+			       int comp_vector)
+{
+	struct urdma_context *uctx = to_uctx(context);
+	struct urdma_cq *cq;
+
+	if (cqe < 1 || cqe > URDMA_MAX_CQE || comp_vector < 0 ||
+	    comp_vector >= context->num_comp_vectors ||
+	    (channel && channel->context != context)) {
+		errno = EINVAL;
+		return NULL;
+	}
+	cq = calloc(1, sizeof(*cq));
+	if (!cq) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	cq->size = roundup_pow2(cqe);
+	cq->ring = calloc(cq->size, sizeof(*cq->ring));
+	if (!cq->ring) {
+		free(cq);
+		errno = ENOMEM;
+		return NULL;
+	}
+	pthread_mutex_init(&cq->lock, NULL);
+	pthread_mutex_init(&cq->ibcq.mutex, NULL);
+	pthread_cond_init(&cq->ibcq.cond, NULL);
+	list_init(&cq->send_qps);
+	list_init(&cq->recv_qps);
+	cq->ibcq.context = context;
+	cq->ibcq.cq_context = cq_context;
+	cq->ibcq.channel = channel;
+	cq->ibcq.cqe = cq->size;
+	if (channel) {
+		cq->chan = to_uchan(channel);
+		__atomic_add_fetch(&channel->refcnt, 1, __ATOMIC_ACQ_REL);
+	}
+	pthread_mutex_lock(&uctx->lock);
+	list_add_tail(&cq->node, &uctx->cqs);
+	pthread_mutex_unlock(&uctx->lock);
+	return &cq->ibcq;
+}
+
+int urdma_resize_cq(struct ibv_cq *ibcq, int cqe)
+{
+	struct urdma_cq *cq = to_ucq(ibcq);
+	struct urdma_cqe *ring;
+	uint32_t size, n;
+
+	if (cqe < 1 || cqe > URDMA_MAX_CQE)
+		return EINVAL;
+	size = roundup_pow2(cqe);
+	pthread_mutex_lock(&cq->lock);
+	n = cq->tail - cq->head;
+	if (size < n) {
+		pthread_mutex_unlock(&cq->lock);
+		return EINVAL;
+	}
+	ring = calloc(size, sizeof(*ring));
+	if (!ring) {
+		pthread_mutex_unlock(&cq->lock);
+		return ENOMEM;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		ring[i] = cq->ring[(cq->head + i) & (cq->size - 1)];
+	free(cq->ring);
+	cq->ring = ring;
+	cq->size = size;
+	cq->head = 0;
+	cq->tail = n;
+	ibcq->cqe = size;
+	pthread_mutex_unlock(&cq->lock);
+	return 0;
+}
+
+int urdma_destroy_cq(struct ibv_cq *ibcq)
+{
+	struct urdma_context *uctx = to_uctx(ibcq->context);
+	struct urdma_cq *cq = to_ucq(ibcq);
+
+	if (atomic_load(&cq->usecnt))
+		return EBUSY;
+	pthread_mutex_lock(&uctx->lock);
+	list_del(&cq->node);
+	pthread_mutex_unlock(&uctx->lock);
+	if (cq->chan) {
+		struct urdma_channel *ch = cq->chan;
+
+		/* Events fired but never read: drop them. */
+		pthread_mutex_lock(&ch->lock);
+		for (unsigned int i = 0; i < ch->count;) {
+			unsigned int at = (ch->head + i) % ch->cap;
+
+			if (ch->q[at] != cq) {
+				i++;
+				continue;
+			}
+			for (unsigned int k = i; k + 1 < ch->count; k++)
+				ch->q[(ch->head + k) % ch->cap] =
+					ch->q[(ch->head + k + 1) % ch->cap];
+			ch->count--;
+			uint64_t v;
+			if (read(ch->ch.fd, &v, sizeof(v)) < 0)
+				break;
+		}
+		pthread_mutex_unlock(&ch->lock);
+		/* As in rdma-core: wait until every reported event is acked. */
+		pthread_mutex_lock(&ibcq->mutex);
+		while (ibcq->comp_events_completed != cq->events_reported)
+			pthread_cond_wait(&ibcq->cond, &ibcq->mutex);
+		pthread_mutex_unlock(&ibcq->mutex);
+		__atomic_sub_fetch(&ch->ch.refcnt, 1, __ATOMIC_ACQ_REL);
+	}
+	free(cq->ring);
+	pthread_mutex_destroy(&cq->lock);
+	free(cq);
+	return 0;
+}
+
+bool urdma_cq_has_room(struct urdma_cq *cq)
+{
+	bool room;
+
+	pthread_mutex_lock(&cq->lock);
+	room = cq->tail - cq->head < cq->size;
+	pthread_mutex_unlock(&cq->lock);
+	return room;
+}
+
+bool urdma_cq_push(struct urdma_cq *cq, const struct ibv_wc *wc,
+		   struct urdma_qp *qp, uint32_t retire)
+{
+	struct urdma_cqe *e;
+
+	pthread_mutex_lock(&cq->lock);
+	if (cq->tail - cq->head >= cq->size) {
+		pthread_mutex_unlock(&cq->lock);
+		return false;
+	}
+	e = &cq->ring[cq->tail & (cq->size - 1)];
+	e->wc = *wc;
+	e->qp = qp;
+	e->retire = retire;
+	cq->tail++;
+	/* Local completions are never solicited receives; errors always
+	 * notify, as the spec asks. */
+	if (cq->armed == URDMA_NOTIFY_ANY ||
+	    (cq->armed && wc->status != IBV_WC_SUCCESS))
+		cq_fire_locked(cq);
+	pthread_mutex_unlock(&cq->lock);
+	return true;
+}
+
+/* A peer delivered into one of our receive queues while armed. */
+void urdma_cq_notify(struct urdma_cq *cq)
+{
+	pthread_mutex_lock(&cq->lock);
+	cq_fire_locked(cq);
+	pthread_mutex_unlock(&cq->lock);
+}
+
+int urdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
+{
+	struct urdma_cq *cq = to_ucq(ibcq);
+	struct urdma_qp *qp;
+	int mode = solicited_only ? URDMA_NOTIFY_SOLICITED : URDMA_NOTIFY_ANY;
+
+	pthread_mutex_lock(&cq->lock);
+	cq->armed = mode;
+	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
+		atomic_store(&qp->shm->notify, mode);
+	pthread_mutex_unlock(&cq->lock);
+	return 0;
+}
+
+/* Retry sends that wait for the peer (RNR), at most a few QPs per call. */
+static void cq_progress_sends(struct urdma_cq *cq)
+{
+	struct urdma_qp *qps[8], *qp;
+	int n = 0;
+
+	pthread_mutex_lock(&cq->lock);
+	list_for_each_entry(qp, &cq->send_qps, scq_node) {
+		if (qp->sq_pending && n < 8)
+			qps[n++] = qp;
+	}
+	if (!n)
+		atomic_store(&cq->sq_pending, 0);
+	pthread_mutex_unlock(&cq->lock);
+	for (int i = 0; i < n; i++)
+		urdma_qp_progress(qps[i]);
+}
+
+int urdma_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
+{
+	struct urdma_cq *cq = to_ucq(ibcq);
+	struct urdma_qp *qp;
+	int n = 0;
+
+	if (num < 0)
+		return -1;
+	if (atomic_load_explicit(&cq->sq_pending, memory_order_relaxed))
+		cq_progress_sends(cq);
+	pthread_mutex_lock(&cq->lock);
+	while (n < num && cq->head != cq->tail) {
+		struct urdma_cqe *e = &cq->ring[cq->head & (cq->size - 1)];
+
+		wc[n++] = e->wc;
+		if (e->retire)
+			atomic_fetch_add_explicit(&e->qp->sq_retired, e->retire,
+						  memory_order_release);
+		cq->head++;
+	}
+	if (n < num)
+		list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
+			n += urdma_qp_harvest(qp, wc + n, num - n);
+			if (n == num)
+				break;
+		}
+	pthread_mutex_unlock(&cq->lock);
+	return n;
+}

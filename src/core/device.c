@@ -1,0 +1,467 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The device, its contexts and what ibv_query_* report.
+ *
+ * One device, urdma0, one port: ACTIVE, Ethernet link layer, MTU 4096.  The
+ * GID table is built from the addresses of the current network namespace:
+ * index 0 is a link-local GID from the node GUID, then one IPv4-mapped GID
+ * per IPv4 address (so 127.0.0.1 is index 1), then other IPv6 addresses; all
+ * of RoCE v2 type.  The LID is derived from the network namespace, so it
+ * differs between namespaces and is the same for every process in one.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/urdma.h"
+#include "util/log.h"
+
+/* The verbs_device "ops" slot value: not any provider's. */
+static const char urdma_device_tag[] = "urdma";
+
+static struct urdma_device urdma_dev;
+static pthread_once_t dev_once = PTHREAD_ONCE_INIT;
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t len)
+{
+	const uint8_t *p = data;
+
+	for (size_t i = 0; i < len; i++)
+		h = (h ^ p[i]) * 0x100000001b3ull;
+	return h;
+}
+
+static uint64_t netns_id(void)
+{
+	struct stat st;
+
+	return stat("/proc/self/ns/net", &st) ? 0 : st.st_ino;
+}
+
+static void dev_setup(void)
+{
+	struct ibv_device *d = &urdma_dev.ibdev;
+	char machine[64] = "";
+	uint64_t ns = netns_id();
+	FILE *f;
+
+	urdma_log_init();
+	f = fopen("/etc/machine-id", "re");
+	if (f) {
+		if (!fgets(machine, sizeof(machine), f))
+			machine[0] = 0;
+		fclose(f);
+	}
+	urdma_dev.guid = fnv1a(0xcbf29ce484222325ull, machine, strlen(machine));
+	urdma_dev.guid = fnv1a(urdma_dev.guid, &ns, sizeof(ns));
+	urdma_dev.ops = urdma_device_tag;
+	d->node_type = IBV_NODE_CA;
+	d->transport_type = IBV_TRANSPORT_IB;
+	snprintf(d->name, sizeof(d->name), "%s", URDMA_DEV_NAME);
+	snprintf(d->dev_name, sizeof(d->dev_name), "uverbs-urdma0");
+	snprintf(d->dev_path, sizeof(d->dev_path), "/dev/null");
+	snprintf(d->ibdev_path, sizeof(d->ibdev_path),
+		 "/sys/class/infiniband/%s", URDMA_DEV_NAME);
+}
+
+struct ibv_device **urdma_get_device_list(int *num)
+{
+	struct ibv_device **list;
+
+	pthread_once(&dev_once, dev_setup);
+	list = calloc(2, sizeof(*list));
+	if (!list) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	list[0] = &urdma_dev.ibdev;
+	if (num)
+		*num = 1;
+	return list;
+}
+
+uint64_t urdma_device_guid(struct ibv_device *dev)
+{
+	return htobe64(container_of(dev, struct urdma_device, ibdev)->guid);
+}
+
+static void build_gids(struct urdma_context *uctx)
+{
+	struct ifaddrs *ifa, *i;
+	uint64_t guid = urdma_dev.guid;
+	union ibv_gid *g = &uctx->gids[0].gid;
+	int n = 1;
+
+	memset(g, 0, sizeof(*g));
+	g->raw[0] = 0xfe;
+	g->raw[1] = 0x80;
+	memcpy(&g->raw[8], &guid, 8);
+	uctx->gids[0].ifindex = 1;
+	if (getifaddrs(&ifa) == 0) {
+		for (int pass = 0; pass < 2; pass++) {
+			for (i = ifa; i; i = i->ifa_next) {
+				union ibv_gid *x;
+
+				if (!i->ifa_addr || n == URDMA_MAX_GID)
+					continue;
+				x = &uctx->gids[n].gid;
+				memset(x, 0, sizeof(*x));
+				if (pass == 0 && i->ifa_addr->sa_family == AF_INET) {
+					x->raw[10] = x->raw[11] = 0xff;
+					memcpy(&x->raw[12],
+					       &((struct sockaddr_in *)i->ifa_addr)->sin_addr, 4);
+				} else if (pass == 1 &&
+					   i->ifa_addr->sa_family == AF_INET6) {
+					struct in6_addr *a = &((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr;
+
+					if (IN6_IS_ADDR_LINKLOCAL(a))
+						continue;
+					memcpy(x->raw, a, 16);
+				} else {
+					continue;
+				}
+				uctx->gids[n++].ifindex = if_nametoindex(i->ifa_name);
+			}
+		}
+		freeifaddrs(ifa);
+	}
+	uctx->num_gids = n;
+}
+
+
+static void *compat_unsupported(void)
+{
+	errno = EOPNOTSUPP;
+	return NULL;
+}
+
+static int post_srq_recv_unsupported(struct ibv_srq *srq,
+				     struct ibv_recv_wr *wr,
+				     struct ibv_recv_wr **bad)
+{
+	*bad = wr;
+	return EOPNOTSUPP;
+}
+
+static struct ibv_mw *alloc_mw_unsupported(struct ibv_pd *pd,
+					   enum ibv_mw_type type)
+{
+	errno = EOPNOTSUPP;
+	return NULL;
+}
+
+static int bind_mw_unsupported(struct ibv_qp *qp, struct ibv_mw *mw,
+			       struct ibv_mw_bind *bind)
+{
+	return EOPNOTSUPP;
+}
+
+static int dealloc_mw_unsupported(struct ibv_mw *mw)
+{
+	return EOPNOTSUPP;
+}
+
+static int compat_query_device(struct ibv_context *c, struct ibv_device_attr *a)
+{
+	return urdma_query_device(c, a);
+}
+
+static int compat_query_port(struct ibv_context *c, uint8_t port,
+			     struct _compat_ibv_port_attr *a)
+{
+	struct ibv_port_attr full;
+	int ret = urdma_query_port(c, port, &full);
+
+	if (!ret)
+		memcpy(a, &full, URDMA_COMPAT_PORT_ATTR_SIZE);
+	return ret;
+}
+
+static int ctx_query_port(struct ibv_context *c, uint8_t port,
+			  struct ibv_port_attr *a, size_t len)
+{
+	struct ibv_port_attr full;
+	int ret = urdma_query_port(c, port, &full);
+
+	if (!ret)
+		memcpy(a, &full, len < sizeof(full) ? len : sizeof(full));
+	return ret;
+}
+
+static void set_ops(struct ibv_context_ops *o)
+{
+	void *(**p)(void) = (void *(**)(void))o;
+
+	/* Every legacy slot non-NULL: inline wrappers call them blindly. */
+	for (size_t i = 0; i < sizeof(*o) / sizeof(*p); i++)
+		p[i] = compat_unsupported;
+	o->_compat_query_device = compat_query_device;
+	o->_compat_query_port = compat_query_port;
+	o->alloc_mw = alloc_mw_unsupported;
+	o->bind_mw = bind_mw_unsupported;
+	o->dealloc_mw = dealloc_mw_unsupported;
+	o->poll_cq = urdma_poll_cq;
+	o->req_notify_cq = urdma_req_notify_cq;
+	o->post_srq_recv = post_srq_recv_unsupported;
+	o->post_send = urdma_post_send;
+	o->post_recv = urdma_post_recv;
+}
+
+struct ibv_context *urdma_open_device(struct ibv_device *dev)
+{
+	struct urdma_context *uctx;
+	char path[300];
+	int ret;
+
+	if (dev != &urdma_dev.ibdev) {
+		errno = ENODEV;
+		return NULL;
+	}
+	ret = urdma_host_init();
+	if (ret) {
+		errno = ret;
+		return NULL;
+	}
+	static pthread_once_t sweep_once = PTHREAD_ONCE_INIT;
+	pthread_once(&sweep_once, urdma_host_sweep);
+
+	uctx = calloc(1, sizeof(*uctx));
+	if (!uctx)
+		goto err;
+	uctx->mrs = calloc(URDMA_MAX_MR, sizeof(*uctx->mrs));
+	if (!uctx->mrs)
+		goto err_free;
+	pthread_mutex_init(&uctx->lock, NULL);
+	pthread_mutex_init(&uctx->ev_lock, NULL);
+	list_init(&uctx->qps);
+	list_init(&uctx->cqs);
+	uctx->vctx.sz = sizeof(struct verbs_context);
+	uctx->vctx.query_port = ctx_query_port;
+	uctx->vctx.context.device = dev;
+	uctx->vctx.context.cmd_fd = -1;
+	uctx->vctx.context.num_comp_vectors = 1;
+	uctx->vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
+	pthread_mutex_init(&uctx->vctx.context.mutex, NULL);
+	set_ops(&uctx->vctx.context.ops);
+	uctx->vctx.context.async_fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+	if (uctx->vctx.context.async_fd < 0)
+		goto err_free;
+	build_gids(uctx);
+	uctx->lid = 1 + netns_id() % 0xbffe;
+
+	ret = -urdma_host_create("ctx", &uctx->ctx_id, 0x7fffffff,
+				 sizeof(struct urdma_shm_ctx),
+				 (void **)&uctx->shm);
+	if (ret) {
+		errno = ret;
+		goto err_close;
+	}
+	uctx->shm->version = URDMA_SHM_VERSION;
+	uctx->shm->ctx_id = uctx->ctx_id;
+	uctx->shm->pid = getpid();
+	uctx->shm->uid = getuid();
+	uctx->shm->memfd = -1;
+	__atomic_store_n(&uctx->shm->magic, URDMA_SHM_MAGIC, __ATOMIC_RELEASE);
+
+	snprintf(path, sizeof(path), "%s/ctx-%x.wake", urdma_proc.dir,
+		 uctx->ctx_id);
+	unlink(path);
+	if (mkfifo(path, 0600) < 0)
+		goto err_shm;
+	uctx->wake_fd = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+	if (uctx->wake_fd < 0)
+		goto err_fifo;
+	ret = urdma_progress_add_ctx(uctx);
+	if (ret) {
+		errno = -ret;
+		goto err_wake;
+	}
+	urdma_dbg("context %x opened", uctx->ctx_id);
+	return &uctx->vctx.context;
+
+err_wake:
+	close(uctx->wake_fd);
+err_fifo:
+	unlink(path);
+err_shm:
+	urdma_host_remove("ctx", uctx->ctx_id, uctx->shm,
+			  sizeof(struct urdma_shm_ctx));
+err_close:
+	close(uctx->vctx.context.async_fd);
+err_free:
+	free(uctx->mrs);
+	free(uctx);
+err:
+	if (!errno)
+		errno = ENOMEM;
+	return NULL;
+}
+
+int urdma_close_device(struct ibv_context *ctx)
+{
+	struct urdma_context *uctx = to_uctx(ctx);
+	char path[300];
+
+	urdma_progress_del_ctx(uctx);
+	close(uctx->wake_fd);
+	snprintf(path, sizeof(path), "%s/ctx-%x.wake", urdma_proc.dir,
+		 uctx->ctx_id);
+	unlink(path);
+	urdma_host_remove("ctx", uctx->ctx_id, uctx->shm,
+			  sizeof(struct urdma_shm_ctx));
+	close(ctx->async_fd);
+	free(uctx->events);
+	free(uctx->mrs);
+	free(uctx);
+	return 0;
+}
+
+int urdma_query_device(struct ibv_context *c, struct ibv_device_attr *a)
+{
+	memset(a, 0, sizeof(*a));
+	snprintf(a->fw_ver, sizeof(a->fw_ver), "0.1.0");
+	a->node_guid = urdma_device_guid(c->device);
+	a->sys_image_guid = a->node_guid;
+	a->max_mr_size = URDMA_MAX_MR_SIZE;
+	a->page_size_cap = 4096;
+	a->vendor_id = URDMA_VENDOR_ID;
+	a->vendor_part_id = URDMA_VENDOR_PART;
+	a->hw_ver = 1;
+	a->max_qp = URDMA_MAX_QP;
+	a->max_qp_wr = URDMA_MAX_QP_WR;
+	a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN |
+			      IBV_DEVICE_SHUTDOWN_PORT |
+			      IBV_DEVICE_PORT_ACTIVE_EVENT |
+			      IBV_DEVICE_SYS_IMAGE_GUID;
+	a->max_sge = URDMA_MAX_SGE;
+	a->max_sge_rd = URDMA_MAX_SGE;
+	a->max_cq = URDMA_MAX_QP;
+	a->max_cqe = URDMA_MAX_CQE;
+	a->max_mr = URDMA_MAX_MR;
+	a->max_pd = URDMA_MAX_PD;
+	a->max_qp_rd_atom = URDMA_MAX_RD_ATOM;
+	a->max_qp_init_rd_atom = URDMA_MAX_RD_ATOM;
+	a->max_res_rd_atom = URDMA_MAX_RD_ATOM * URDMA_MAX_QP;
+	a->atomic_cap = IBV_ATOMIC_HCA;
+	a->max_pkeys = 1;
+	a->local_ca_ack_delay = 1;
+	a->phys_port_cnt = 1;
+	return 0;
+}
+
+int urdma_query_port(struct ibv_context *c, uint8_t port,
+		     struct ibv_port_attr *a)
+{
+	struct urdma_context *uctx = to_uctx(c);
+
+	if (port != 1)
+		return EINVAL;
+	memset(a, 0, sizeof(*a));
+	a->state = IBV_PORT_ACTIVE;
+	a->max_mtu = IBV_MTU_4096;
+	a->active_mtu = IBV_MTU_4096;
+	a->gid_tbl_len = uctx->num_gids;
+	a->port_cap_flags = IBV_PORT_CM_SUP;
+	a->max_msg_sz = 1u << 31;
+	a->pkey_tbl_len = 1;
+	a->lid = uctx->lid;
+	a->sm_lid = 0;
+	a->lmc = 0;
+	a->max_vl_num = 1;
+	a->active_width = 2;  /* 4X */
+	a->active_speed = 32; /* EDR */
+	a->phys_state = 5;    /* LinkUp */
+	a->link_layer = IBV_LINK_LAYER_ETHERNET;
+	return 0;
+}
+
+int urdma_query_gid(struct ibv_context *c, uint8_t port, int index,
+		    union ibv_gid *gid)
+{
+	struct urdma_context *uctx = to_uctx(c);
+
+	if (port != 1 || index < 0 || index >= uctx->num_gids) {
+		errno = EINVAL;
+		return -1;
+	}
+	*gid = uctx->gids[index].gid;
+	return 0;
+}
+
+int urdma_query_gid_ex(struct ibv_context *c, uint32_t port, uint32_t index,
+		       struct ibv_gid_entry *e)
+{
+	struct urdma_context *uctx = to_uctx(c);
+
+	if (port != 1)
+		return EINVAL;
+	if (index >= (uint32_t)uctx->num_gids)
+		return ENODATA;
+	e->gid = uctx->gids[index].gid;
+	e->gid_index = index;
+	e->port_num = port;
+	e->gid_type = IBV_GID_TYPE_ROCE_V2;
+	e->ndev_ifindex = uctx->gids[index].ifindex;
+	return 0;
+}
+
+int urdma_num_gids(struct ibv_context *c)
+{
+	return to_uctx(c)->num_gids;
+}
+
+/* ---- async events ---- */
+
+void urdma_async_event(struct urdma_context *uctx, struct ibv_async_event *ev)
+{
+	uint64_t one = 1;
+
+	pthread_mutex_lock(&uctx->ev_lock);
+	if (uctx->ev_count == uctx->ev_cap) {
+		unsigned int ncap = uctx->ev_cap ? uctx->ev_cap * 2 : 16;
+		struct ibv_async_event *n = malloc(ncap * sizeof(*n));
+
+		if (!n) {
+			pthread_mutex_unlock(&uctx->ev_lock);
+			return;
+		}
+		for (unsigned int i = 0; i < uctx->ev_count; i++)
+			n[i] = uctx->events[(uctx->ev_head + i) % uctx->ev_cap];
+		free(uctx->events);
+		uctx->events = n;
+		uctx->ev_cap = ncap;
+		uctx->ev_head = 0;
+	}
+	uctx->events[(uctx->ev_head + uctx->ev_count++) % uctx->ev_cap] = *ev;
+	pthread_mutex_unlock(&uctx->ev_lock);
+	if (write(uctx->vctx.context.async_fd, &one, sizeof(one)) < 0)
+		urdma_err("async event: %m");
+}
+
+int urdma_get_async_event(struct ibv_context *c, struct ibv_async_event *ev)
+{
+	struct urdma_context *uctx = to_uctx(c);
+	uint64_t v;
+
+	if (read(c->async_fd, &v, sizeof(v)) != sizeof(v))
+		return -1;
+	pthread_mutex_lock(&uctx->ev_lock);
+	if (!uctx->ev_count) {
+		pthread_mutex_unlock(&uctx->ev_lock);
+		errno = EAGAIN;
+		return -1;
+	}
+	*ev = uctx->events[uctx->ev_head];
+	uctx->ev_head = (uctx->ev_head + 1) % uctx->ev_cap;
+	uctx->ev_count--;
+	pthread_mutex_unlock(&uctx->ev_lock);
+	return 0;
+}

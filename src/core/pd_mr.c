@@ -1,0 +1,245 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Protection domains and memory regions.  An MR is an entry of the
+ * context's shared MR table (core/shared.h): peers check rkeys against it
+ * without asking us.  Keys carry 18 random bits, so they can't be guessed.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "core/urdma.h"
+#include "util/log.h"
+
+#define PAGE_DOWN(x) ((x) & ~4095ULL)
+#define PAGE_UP(x) (((x) + 4095ULL) & ~4095ULL)
+
+static _Atomic uint32_t next_pd_id = 1;
+
+struct ibv_pd *urdma_alloc_pd(struct ibv_context *context)
+{
+	struct urdma_pd *pd = calloc(1, sizeof(*pd));
+
+	if (!pd) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	pd->ibpd.context = context;
+	pd->id = atomic_fetch_add(&next_pd_id, 1);
+	pd->ibpd.handle = pd->id;
+	return &pd->ibpd;
+}
+
+int urdma_dealloc_pd(struct ibv_pd *ibpd)
+{
+	struct urdma_pd *pd = to_upd(ibpd);
+
+	if (atomic_load(&pd->usecnt))
+		return EBUSY;
+	free(pd);
+	return 0;
+}
+
+/* Access bits we honour; the optional range (relaxed ordering...) is
+ * ignored, as rdma-core does for devices that lack them. */
+#define MR_ACCESS_KNOWN                                                        \
+	(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |                    \
+	 IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |                   \
+	 IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_ON_DEMAND |   \
+	 IBV_ACCESS_HUGETLB)
+
+static int check_access(unsigned int access)
+{
+	access &= ~IBV_ACCESS_OPTIONAL_RANGE;
+	if (access & ~MR_ACCESS_KNOWN)
+		return EINVAL;
+	/* The IB spec: remote write and atomic need local write. */
+	if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+	    !(access & IBV_ACCESS_LOCAL_WRITE))
+		return EINVAL;
+	return 0;
+}
+
+static uint32_t new_key(uint32_t idx)
+{
+	uint32_t tag = 0;
+
+	while (!tag)
+		if (getrandom(&tag, sizeof(tag), 0) != sizeof(tag))
+			tag = (uint32_t)urdma_now_ns() * 2654435761u;
+	return (tag << URDMA_MR_IDX_BITS) | idx;
+}
+
+/* Fills the shared entry; the key is published last. */
+static void mr_publish(struct urdma_mr *mr, uint32_t pd_id)
+{
+	struct urdma_shm_mr *e = mr->shm;
+	uint32_t key = new_key(URDMA_MR_IDX(mr->ibmr.lkey));
+
+	atomic_store_explicit(&e->key, 0, memory_order_release);
+	e->access = mr->access;
+	e->pd_id = pd_id;
+	e->iova = mr->iova;
+	e->length = mr->length;
+	e->va = mr->va;
+	atomic_store_explicit(&e->flags, 0, memory_order_relaxed);
+	mr->ibmr.lkey = mr->ibmr.rkey = key;
+	atomic_store_explicit(&e->key, key, memory_order_release);
+}
+
+struct ibv_mr *urdma_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length,
+			    uint64_t iova, unsigned int access)
+{
+	struct urdma_context *uctx = to_uctx(ibpd->context);
+	struct urdma_pd *pd = to_upd(ibpd);
+	uint64_t va = (uintptr_t)addr;
+	struct urdma_mr *mr;
+	int ret, idx = -1;
+
+	ret = check_access(access);
+	if (!ret && (!length || length > URDMA_MAX_MR_SIZE || va + length < va))
+		ret = EINVAL;
+	if (ret) {
+		errno = ret;
+		return NULL;
+	}
+	ret = -urdma_host_back_range(PAGE_DOWN(va),
+				     PAGE_UP(va + length) - PAGE_DOWN(va));
+	if (ret) {
+		urdma_dbg("can't register %p+%zu: %s", addr, length,
+			  strerror(ret));
+		errno = ret;
+		return NULL;
+	}
+	if (uctx->shm->memfd < 0) {
+		/* Peers may open our memory from now on. */
+		uctx->shm->memfd_ino = urdma_proc.memfd_ino;
+		__atomic_store_n(&uctx->shm->memfd, urdma_proc.memfd,
+				 __ATOMIC_RELEASE);
+	}
+	mr = calloc(1, sizeof(*mr));
+	if (!mr) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	pthread_mutex_lock(&uctx->lock);
+	for (unsigned int i = 0; i < URDMA_MAX_MR; i++) {
+		unsigned int j = (uctx->num_mrs + i) % URDMA_MAX_MR;
+
+		if (!uctx->mrs[j]) {
+			idx = j;
+			break;
+		}
+	}
+	if (idx < 0) {
+		pthread_mutex_unlock(&uctx->lock);
+		free(mr);
+		errno = ENOMEM;
+		return NULL;
+	}
+	uctx->mrs[idx] = mr;
+	uctx->num_mrs = idx + 1;
+	pthread_mutex_unlock(&uctx->lock);
+
+	mr->ibmr.context = ibpd->context;
+	mr->ibmr.pd = ibpd;
+	mr->ibmr.addr = addr;
+	mr->ibmr.length = length;
+	mr->ibmr.handle = idx;
+	mr->ibmr.lkey = idx;
+	mr->shm = &uctx->shm->mr[idx];
+	mr->iova = iova;
+	mr->length = length;
+	mr->va = va;
+	mr->access = access & ~IBV_ACCESS_OPTIONAL_RANGE;
+	mr_publish(mr, pd->id);
+	atomic_fetch_add(&pd->usecnt, 1);
+	urdma_dbg("mr %#x: [%#lx, +%zu) iova %#lx access %#x", mr->ibmr.lkey,
+		  (unsigned long)va, length, (unsigned long)iova, access);
+	return &mr->ibmr;
+}
+
+int urdma_dereg_mr(struct ibv_mr *ibmr)
+{
+	struct urdma_context *uctx = to_uctx(ibmr->context);
+	struct urdma_mr *mr = to_umr(ibmr);
+
+	atomic_store_explicit(&mr->shm->key, 0, memory_order_release);
+	pthread_mutex_lock(&uctx->lock);
+	uctx->mrs[URDMA_MR_IDX(ibmr->lkey)] = NULL;
+	pthread_mutex_unlock(&uctx->lock);
+	atomic_fetch_sub(&to_upd(ibmr->pd)->usecnt, 1);
+	free(mr);
+	return 0;
+}
+
+int urdma_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd,
+		   void *addr, size_t length, int access)
+{
+	struct urdma_mr *mr = to_umr(ibmr);
+	struct ibv_pd *old_pd = ibmr->pd;
+	uint64_t va = (uintptr_t)addr;
+	int ret;
+
+	if (flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD |
+		      IBV_REREG_MR_CHANGE_ACCESS) || !flags)
+		return IBV_REREG_MR_ERR_INPUT;
+	if ((flags & IBV_REREG_MR_CHANGE_ACCESS) && check_access(access))
+		return IBV_REREG_MR_ERR_INPUT;
+	if ((flags & IBV_REREG_MR_CHANGE_PD) &&
+	    (!ibpd || ibpd->context != ibmr->context))
+		return IBV_REREG_MR_ERR_INPUT;
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		if (!length || length > URDMA_MAX_MR_SIZE || va + length < va)
+			return IBV_REREG_MR_ERR_INPUT;
+		ret = urdma_host_back_range(PAGE_DOWN(va), PAGE_UP(va + length) -
+								   PAGE_DOWN(va));
+		if (ret) {
+			errno = -ret;
+			return IBV_REREG_MR_ERR_INPUT;
+		}
+		mr->va = va;
+		mr->iova = va;
+		mr->length = length;
+		ibmr->addr = addr;
+		ibmr->length = length;
+	}
+	if (flags & IBV_REREG_MR_CHANGE_ACCESS)
+		mr->access = access & ~IBV_ACCESS_OPTIONAL_RANGE;
+	if (flags & IBV_REREG_MR_CHANGE_PD) {
+		atomic_fetch_sub(&to_upd(old_pd)->usecnt, 1);
+		atomic_fetch_add(&to_upd(ibpd)->usecnt, 1);
+		ibmr->pd = ibpd;
+	}
+	mr_publish(mr, to_upd(ibmr->pd)->id);
+	return 0;
+}
+
+/*
+ * Off the data path (progress thread): notice registered pages that the
+ * application unmapped.  From then on every access to the MR completes with
+ * an error, instead of reaching memory the application no longer sees.
+ */
+void urdma_mrs_check(struct urdma_context *uctx)
+{
+	pthread_mutex_lock(&uctx->lock);
+	for (unsigned int i = 0; i < URDMA_MAX_MR; i++) {
+		struct urdma_mr *mr = uctx->mrs[i];
+		uint64_t s, e;
+
+		if (!mr)
+			continue;
+		s = PAGE_DOWN(mr->va);
+		e = PAGE_UP(mr->va + mr->length);
+		if (msync((void *)s, e - s, MS_ASYNC) < 0 && errno == ENOMEM &&
+		    !(atomic_load(&mr->shm->flags) & URDMA_MR_F_UNMAPPED)) {
+			urdma_warn("mr %#x: its pages were unmapped; accesses "
+				   "will fail", mr->ibmr.lkey);
+			atomic_fetch_or(&mr->shm->flags, URDMA_MR_F_UNMAPPED);
+		}
+	}
+	pthread_mutex_unlock(&uctx->lock);
+}

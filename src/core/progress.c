@@ -1,0 +1,190 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The progress thread: one per process, asleep in epoll_wait unless there
+ * is work.  It is never on the data path of a polling application; it does
+ * what nobody else would do while the application sleeps or computes:
+ *  - peers wake it (through the context's FIFO) to fire armed CQs, to put
+ *    a QP in error, or because a receive it waited for was posted;
+ *  - a peer process's pidfd tells it the peer died: its QPs go to error;
+ *  - with send WRs waiting (RNR, peer not ready), a short timer retries
+ *    them and enforces the retry limits;
+ *  - every 200 ms it checks that registered pages are still mapped.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "core/urdma.h"
+#include "util/log.h"
+
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct list_head ctxs = LIST_HEAD_INIT(ctxs);
+static int epfd = -1, kickfd = -1;
+static pthread_t thread;
+static bool running;
+static _Atomic bool stop;
+
+#define KIND_BITS 1ull
+
+void urdma_progress_kick(void)
+{
+	uint64_t one = 1;
+
+	if (kickfd >= 0 && write(kickfd, &one, sizeof(one)) < 0)
+		urdma_dbg("kick: %m");
+}
+
+int urdma_progress_watch(int fd, int kind, void *obj)
+{
+	struct epoll_event ev = { .events = EPOLLIN,
+				  .data.u64 = (uintptr_t)obj | kind };
+
+	if (epfd < 0)
+		return -EINVAL;
+	return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) ? -errno : 0;
+}
+
+void urdma_progress_unwatch(int fd)
+{
+	if (epfd >= 0)
+		epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
+}
+
+/* One pass over every QP; returns whether sends are still waiting. */
+static bool maintain_all(bool check_mrs)
+{
+	struct urdma_context *uctx;
+	struct urdma_qp *qp;
+	bool pending = false;
+
+	pthread_mutex_lock(&ctx_lock);
+	list_for_each_entry(uctx, &ctxs, node) {
+		pthread_mutex_lock(&uctx->lock);
+		list_for_each_entry(qp, &uctx->qps, ctx_node) {
+			urdma_qp_maintain(qp);
+			pending |= qp->sq_pending;
+		}
+		pthread_mutex_unlock(&uctx->lock);
+		if (check_mrs)
+			urdma_mrs_check(uctx);
+	}
+	pthread_mutex_unlock(&ctx_lock);
+	return pending;
+}
+
+static void *progress_main(void *arg)
+{
+	uint64_t last_mr_check = 0;
+	bool pending = false;
+
+	while (!atomic_load(&stop)) {
+		struct epoll_event evs[16];
+		uint64_t now;
+		int n = epoll_wait(epfd, evs, 16, pending ? 2 : 200);
+
+		for (int i = 0; i < n; i++) {
+			uint64_t d = evs[i].data.u64;
+			void *obj = (void *)(uintptr_t)(d & ~KIND_BITS);
+			char buf[256];
+
+			if (!obj) { /* the kick eventfd */
+				uint64_t v;
+				if (read(kickfd, &v, sizeof(v)) < 0)
+					continue;
+			} else if ((d & KIND_BITS) == URDMA_WATCH_PEER) {
+				struct urdma_peer *p = obj;
+
+				urdma_peer_mark_dead(p);
+				urdma_progress_unwatch(urdma_peer_pidfd(p));
+			} else {
+				struct urdma_context *uctx = obj;
+
+				while (read(uctx->wake_fd, buf, sizeof(buf)) > 0)
+					;
+			}
+		}
+		now = urdma_now_ns();
+		pending = maintain_all(now - last_mr_check > 200000000ull);
+		if (now - last_mr_check > 200000000ull)
+			last_mr_check = now;
+	}
+	return NULL;
+}
+
+int urdma_progress_add_ctx(struct urdma_context *uctx)
+{
+	int ret = 0;
+
+	pthread_mutex_lock(&ctx_lock);
+	if (!running) {
+		struct epoll_event ev = { .events = EPOLLIN, .data.u64 = 0 };
+
+		epfd = epoll_create1(EPOLL_CLOEXEC);
+		kickfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		if (epfd < 0 || kickfd < 0 ||
+		    epoll_ctl(epfd, EPOLL_CTL_ADD, kickfd, &ev)) {
+			ret = -errno;
+			goto out;
+		}
+		atomic_store(&stop, false);
+		ret = -pthread_create(&thread, NULL, progress_main, NULL);
+		if (ret)
+			goto out;
+		running = true;
+	}
+	list_add_tail(&uctx->node, &ctxs);
+	ret = urdma_progress_watch(uctx->wake_fd, URDMA_WATCH_CTX, uctx);
+	if (ret)
+		list_del(&uctx->node);
+out:
+	if (ret && !running) {
+		if (epfd >= 0)
+			close(epfd);
+		if (kickfd >= 0)
+			close(kickfd);
+		epfd = kickfd = -1;
+	}
+	pthread_mutex_unlock(&ctx_lock);
+	return ret;
+}
+
+void urdma_progress_del_ctx(struct urdma_context *uctx)
+{
+	bool last;
+
+	pthread_mutex_lock(&ctx_lock);
+	urdma_progress_unwatch(uctx->wake_fd);
+	list_del(&uctx->node);
+	last = list_empty(&ctxs) && running;
+	pthread_mutex_unlock(&ctx_lock);
+	if (!last)
+		return;
+	/* Peers may still hold pidfds registered with epfd: the thread
+	 * stays until the process exits in that case. */
+	atomic_store(&stop, true);
+	urdma_progress_kick();
+	pthread_join(thread, NULL);
+	pthread_mutex_lock(&ctx_lock);
+	running = false;
+	close(epfd);
+	close(kickfd);
+	epfd = kickfd = -1;
+	pthread_mutex_unlock(&ctx_lock);
+}
+
+/* In a forked child the thread does not exist. */
+static void progress_atfork_child(void)
+{
+	running = false;
+	epfd = kickfd = -1;
+	list_init(&ctxs);
+	pthread_mutex_init(&ctx_lock, NULL);
+}
+
+__attribute__((constructor)) static void progress_init(void)
+{
+	pthread_atfork(NULL, NULL, progress_atfork_child);
+}

@@ -1,0 +1,281 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Internal objects of the software RNIC.  Each embeds the public verbs object
+ * first and is recovered with a to_u*() helper.
+ *
+ * Locks (outer to inner): urdma_proc.lock > context.lock > qp.sq_lock >
+ * qp.rq_lock > cq.lock > channel.lock.  The data path takes at most one
+ * sq_lock and one cq lock.  Shared-memory rings need no lock across
+ * processes: each index has one writer (see core/shared.h).
+ */
+#ifndef URDMA_H
+#define URDMA_H
+
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/shared.h"
+#include "util/list.h"
+
+#define URDMA_DEV_NAME "urdma0"
+#define URDMA_VENDOR_ID 0xffffff /* not an IEEE OUI of any real vendor */
+#define URDMA_VENDOR_PART 0x5552
+#define URDMA_MAX_QP_WR 16384
+#define URDMA_MAX_SGE 32
+#define URDMA_MAX_CQE (1 << 20)
+#define URDMA_MAX_INLINE 1024
+#define URDMA_MAX_RD_ATOM 16
+#define URDMA_MAX_QP (1 << 16)
+#define URDMA_MAX_PD (1 << 16)
+#define URDMA_MAX_GID 16
+#define URDMA_MAX_MR_SIZE (1ULL << 40)
+
+/* The pre-port_cap_flags2 ibv_port_attr the exported ibv_query_port and the
+ * legacy ops slot fill: 48 bytes, without port_cap_flags2. */
+#define URDMA_COMPAT_PORT_ATTR_SIZE offsetof(struct ibv_port_attr, port_cap_flags2)
+
+#define container_of(ptr, type, member)                                        \
+	((type *)((char *)(ptr) - offsetof(type, member)))
+
+struct urdma_device {
+	struct ibv_device ibdev;
+	/* The verbs_device ops slot: provider libraries (libmlx5, libefa)
+	 * compare it with their own ops and so leave our device alone. */
+	const void *ops;
+	uint64_t guid;
+};
+
+struct urdma_gid {
+	union ibv_gid gid;
+	uint32_t ifindex;
+};
+
+struct urdma_async_event {
+	struct ibv_async_event ev;
+};
+
+struct urdma_context {
+	struct verbs_context vctx; /* must be first: the ABI layout */
+	pthread_mutex_t lock;
+	struct list_head node; /* in urdma_proc.contexts */
+	struct list_head qps;
+	struct list_head cqs;
+	uint32_t ctx_id;
+	struct urdma_shm_ctx *shm;
+	int wake_fd; /* read end of ctx-<id>.wake, watched by progress */
+	struct urdma_mr **mrs; /* by MR index */
+	int num_mrs;
+	struct urdma_gid gids[URDMA_MAX_GID];
+	int num_gids;
+	uint16_t lid;
+	/* async events */
+	pthread_mutex_t ev_lock;
+	struct ibv_async_event *events;
+	unsigned int ev_head, ev_count, ev_cap;
+};
+
+struct urdma_pd {
+	struct ibv_pd ibpd;
+	uint32_t id;
+	_Atomic int usecnt;
+};
+
+struct urdma_mr {
+	struct ibv_mr ibmr;
+	struct urdma_shm_mr *shm;
+	uint64_t iova;
+	uint64_t length;
+	uint64_t va;
+	uint32_t access;
+};
+
+struct urdma_channel {
+	struct ibv_comp_channel ch;
+	pthread_mutex_t lock;
+	struct urdma_cq **q; /* CQs that fired, FIFO */
+	unsigned int head, count, cap;
+};
+
+struct urdma_cqe {
+	struct ibv_wc wc;
+	struct urdma_qp *qp;
+	uint32_t retire; /* send WRs this completion retires */
+};
+
+struct urdma_cq {
+	struct ibv_cq ibcq;
+	pthread_mutex_t lock;
+	struct urdma_cqe *ring;
+	uint32_t size; /* power of two */
+	uint32_t head, tail;
+	struct list_head node; /* in context.cqs */
+	struct list_head send_qps, recv_qps;
+	int armed; /* URDMA_NOTIFY_* */
+	_Atomic int sq_pending; /* a send QP has WRs waiting to be retried */
+	struct urdma_channel *chan;
+	_Atomic int usecnt;
+	uint32_t events_reported; /* by ibv_get_cq_event, under ibcq.mutex */
+};
+
+/* A send WR copied at post time. */
+struct urdma_swqe {
+	uint64_t wr_id;
+	uint64_t remote_addr;
+	uint64_t compare_add;
+	uint64_t swap;
+	uint64_t first_try_ns;
+	uint32_t opcode; /* enum ibv_wr_opcode */
+	uint32_t send_flags;
+	uint32_t num_sge;
+	uint32_t imm_data;
+	uint32_t rkey;
+	uint32_t byte_len;
+	uint32_t rnr_tries;
+	uint32_t inline_len;
+	struct ibv_sge sge[]; /* then inline data */
+};
+
+struct urdma_peer;
+struct urdma_transport_ops;
+
+struct urdma_qp {
+	struct ibv_qp ibqp;
+	struct urdma_context *uctx;
+	struct list_head ctx_node, scq_node, rcq_node;
+	struct ibv_qp_attr attr; /* as last set */
+	struct ibv_qp_cap cap;
+	bool sq_sig_all;
+	/* shared part: header + receive queue */
+	struct urdma_shm_qp *shm;
+	size_t shm_size;
+	/* send queue (private) */
+	pthread_mutex_t sq_lock;
+	uint8_t *sq;
+	uint32_t sq_size, sq_stride;
+	uint32_t sq_head, sq_tail; /* free-running; execute at head */
+	uint32_t unsignaled;	   /* since the last signaled WR */
+	_Atomic uint32_t sq_retired;
+	bool sq_pending;
+	/* receive queue, owner side */
+	pthread_mutex_t rq_lock;
+	uint32_t rq_poll; /* next completion to harvest, under recv CQ lock */
+	/* connection */
+	const struct urdma_transport_ops *tr;
+	struct urdma_peer *peer;
+	struct urdma_shm_qp *peer_qp;
+	size_t peer_qp_size;
+	_Atomic bool peer_dead;
+};
+
+static inline struct urdma_context *to_uctx(struct ibv_context *c)
+{
+	return container_of(c, struct urdma_context, vctx.context);
+}
+static inline struct urdma_pd *to_upd(struct ibv_pd *p)
+{
+	return container_of(p, struct urdma_pd, ibpd);
+}
+static inline struct urdma_mr *to_umr(struct ibv_mr *m)
+{
+	return container_of(m, struct urdma_mr, ibmr);
+}
+static inline struct urdma_cq *to_ucq(struct ibv_cq *c)
+{
+	return container_of(c, struct urdma_cq, ibcq);
+}
+static inline struct urdma_qp *to_uqp(struct ibv_qp *q)
+{
+	return container_of(q, struct urdma_qp, ibqp);
+}
+static inline struct urdma_channel *to_uchan(struct ibv_comp_channel *c)
+{
+	return container_of(c, struct urdma_channel, ch);
+}
+
+static inline uint32_t roundup_pow2(uint32_t v)
+{
+	uint32_t r = 1;
+	while (r < v)
+		r <<= 1;
+	return r;
+}
+
+uint64_t urdma_now_ns(void);
+
+/* host.c: the host directory, the identity memfd, peers */
+struct urdma_proc {
+	pthread_mutex_t lock;
+	struct list_head contexts;
+	int memfd;
+	uint64_t memfd_ino;
+	char dir[256];
+};
+extern struct urdma_proc urdma_proc;
+int urdma_host_init(void);
+int urdma_host_create(const char *prefix, uint32_t *id, uint32_t id_mask,
+		      size_t size, void **map);
+void urdma_host_remove(const char *prefix, uint32_t id, void *map, size_t size);
+void *urdma_host_open(const char *prefix, uint32_t id, size_t *size);
+int urdma_host_back_range(uint64_t start, uint64_t len);
+void urdma_host_sweep(void);
+
+struct urdma_peer *urdma_peer_get(uint32_t ctx_id, int32_t pid);
+void urdma_peer_put(struct urdma_peer *p);
+bool urdma_peer_dead(struct urdma_peer *p);
+int urdma_peer_pidfd(struct urdma_peer *p);
+/* Translate (key, addr, len) of a peer's MR; NULL with *status set. */
+/* Check (key, addr, len) against an MR table: 0 and the owner address of
+ * addr, or -EINVAL (no such key), -EACCES (access, PD), -ERANGE (bounds),
+ * -EFAULT (pages unmapped by the owner). */
+int urdma_mr_lookup(const struct urdma_shm_ctx *shm, uint32_t key,
+		    uint64_t addr, uint64_t len, uint32_t access, uint32_t pd_id,
+		    uint64_t *va);
+const struct urdma_shm_ctx *urdma_peer_shm(struct urdma_peer *p);
+void *urdma_peer_ptr(struct urdma_peer *p, uint64_t va, uint64_t *avail);
+int urdma_peer_wake(struct urdma_peer *p);
+void urdma_peer_mark_dead(struct urdma_peer *p);
+/* A pointer to len bytes at owner address va; NULL if the memory can't be
+ * reached.  *avail is set to how many bytes are contiguous from there. */
+void *urdma_self_ptr(uint64_t va, uint64_t *avail);
+
+/* device.c */
+void urdma_async_event(struct urdma_context *uctx, struct ibv_async_event *ev);
+
+/* pd_mr.c */
+void urdma_mrs_check(struct urdma_context *uctx);
+
+/* cq.c */
+bool urdma_cq_push(struct urdma_cq *cq, const struct ibv_wc *wc,
+		   struct urdma_qp *qp, uint32_t retire);
+bool urdma_cq_has_room(struct urdma_cq *cq);
+void urdma_cq_notify(struct urdma_cq *cq);
+
+/* qp.c */
+void urdma_qp_progress(struct urdma_qp *qp);
+void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event);
+void urdma_qp_maintain(struct urdma_qp *qp);
+int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max);
+
+/* progress.c */
+enum { URDMA_WATCH_CTX, URDMA_WATCH_PEER };
+int urdma_progress_add_ctx(struct urdma_context *uctx);
+void urdma_progress_del_ctx(struct urdma_context *uctx);
+void urdma_progress_kick(void);
+int urdma_progress_watch(int fd, int kind, void *obj);
+void urdma_progress_unwatch(int fd);
+
+/* verbs entry points implemented by the core, called by the ABI layer */
+int urdma_query_device(struct ibv_context *c, struct ibv_device_attr *a);
+int urdma_query_port(struct ibv_context *c, uint8_t port,
+		     struct ibv_port_attr *a);
+int urdma_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+int urdma_req_notify_cq(struct ibv_cq *cq, int solicited_only);
+int urdma_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
+		    struct ibv_send_wr **bad);
+int urdma_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+		    struct ibv_recv_wr **bad);
+
+#endif

@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The transport interface.  The core keeps every queue and runs the QP state
+ * machine; a transport reaches the peer QP.  One table per transport, chosen
+ * when the QP connects (INIT->RTR).
+ */
+#ifndef URDMA_TRANSPORT_H
+#define URDMA_TRANSPORT_H
+
+#include "core/urdma.h"
+
+enum urdma_tx {
+	URDMA_TX_DONE,	    /* finished; *status tells how */
+	URDMA_TX_RNR,	    /* the responder has no receive posted yet */
+	URDMA_TX_NOT_READY, /* the responder can't be reached or isn't ready */
+};
+
+struct urdma_transport_ops {
+	const char *name;
+	/* INIT->RTR with the peer's address; 0 or -errno. */
+	int (*connect)(struct urdma_qp *qp, const struct ibv_qp_attr *attr);
+	void (*disconnect)(struct urdma_qp *qp);
+	/* Run one send WR against the peer, under qp->sq_lock. */
+	enum urdma_tx (*execute)(struct urdma_qp *qp, struct urdma_swqe *wqe,
+				 enum ibv_wc_status *status);
+};
+
+extern const struct urdma_transport_ops urdma_shm_transport;
+
+/* A contiguous piece of memory: in this process (peer NULL), in a peer's
+ * registered memory, or a direct pointer (inline data). */
+struct urdma_span {
+	uint64_t va;
+	uint64_t len;
+	uint8_t *ptr;
+};
+
+int urdma_copy_spans(struct urdma_peer *dpeer, const struct urdma_span *d,
+		     int nd, struct urdma_peer *speer,
+		     const struct urdma_span *s, int ns, uint64_t len);
+void *urdma_space_ptr(struct urdma_peer *peer, uint64_t va, uint64_t *avail);
+
+/* Resolve the local SGEs of a WR into spans; LOC_PROT_ERR on a bad one. */
+enum ibv_wc_status urdma_local_spans(struct urdma_qp *qp,
+				     struct urdma_swqe *wqe,
+				     struct urdma_span *spans, int *n,
+				     uint32_t access);
+
+static inline struct urdma_shm_rqe *urdma_rqe(struct urdma_shm_qp *s,
+					      uint32_t idx)
+{
+	return (struct urdma_shm_rqe *)((uint8_t *)s + s->rq_offset +
+					(size_t)(idx & (s->rq_size - 1)) *
+						s->rq_stride);
+}
+
+#endif

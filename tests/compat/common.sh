@@ -1,0 +1,261 @@
+# SPDX-License-Identifier: MIT
+# shellcheck shell=bash
+# Helpers shared by the real-client compatibility tests (sourced, not run).
+#
+#   compat_init BUILD_DIR   set BUILD, URDMA, WORK (temp dir), install traps
+#   need_cmd CMD PACKAGE    make sure CMD exists (apt-get install as root,
+#                           otherwise exit 77 naming the package)
+#   run_check NAME TIMEOUT CMD...      run one command, record PASS/FAIL
+#   run_pair NAME TIMEOUT PORT "SERVER CMD" "CLIENT CMD"
+#                           server + client on loopback; sets PAIR_SRV_LOG,
+#                           PAIR_CLI_LOG, PAIR_SRV_RC, PAIR_CLI_RC
+#   pass NAME / fail NAME WHY   record a result
+#   finish                  print the summary, exit 0 or 1
+#
+# Every process runs under `timeout`; every background process is recorded
+# and killed on exit.
+
+set -u
+
+COMPAT_PASS=0
+COMPAT_FAIL=0
+COMPAT_FAILED_NAMES=()
+COMPAT_BG_PIDS=()
+COMPAT_START=$SECONDS
+# Total time budget of one script (seconds); cases starting after it are
+# reported as failed without being run, so the script ends before ctest's
+# TIMEOUT kills it and the report stays readable.
+COMPAT_BUDGET=${COMPAT_BUDGET:-270}
+
+log() { printf '%s\n' "$*"; }
+
+compat_cleanup() {
+    local pid
+    for pid in "${COMPAT_BG_PIDS[@]}"; do
+        if kill -0 "$pid" 2>/dev/null; then
+            # timeout(1) forwards TERM to its child.
+            kill -TERM "$pid" 2>/dev/null
+        fi
+    done
+    sleep 0.2
+    for pid in "${COMPAT_BG_PIDS[@]}"; do
+        kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+    done
+    if [ -n "${WORK:-}" ] && [ -d "$WORK" ]; then
+        if [ "${COMPAT_KEEP_LOGS:-0}" = 1 ]; then
+            log "logs kept in $WORK"
+        else
+            rm -rf "$WORK"
+        fi
+    fi
+}
+
+compat_init() {
+    BUILD=${1:-}
+    if [ -z "$BUILD" ]; then
+        log "usage: $0 BUILD_DIR"
+        exit 2
+    fi
+    BUILD=$(cd "$BUILD" 2>/dev/null && pwd) || { log "FAIL: build dir '$1' not found"; exit 1; }
+    URDMA=$BUILD/bin/urdma
+    if [ ! -x "$URDMA" ]; then
+        log "FAIL: $URDMA not found (build the 'urdma' target)"
+        exit 1
+    fi
+    WORK=$(mktemp -d "${TMPDIR:-/tmp}/urdma-compat.XXXXXX")
+    trap compat_cleanup EXIT
+    trap 'exit 1' INT TERM HUP
+    need_cmd timeout coreutils
+    need_cmd ss iproute2
+}
+
+# need_cmd CMD PACKAGE: make sure CMD is available.
+need_cmd() {
+    local cmd=$1 pkg=$2
+    command -v "$cmd" >/dev/null 2>&1 && return 0
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        log "installing package $pkg (for $cmd)"
+        DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y "$pkg" >"$WORK/apt.log" 2>&1 ||
+            { DEBIAN_FRONTEND=noninteractive timeout 300 apt-get update >>"$WORK/apt.log" 2>&1 &&
+              DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y "$pkg" >>"$WORK/apt.log" 2>&1; }
+        command -v "$cmd" >/dev/null 2>&1 && return 0
+        tail -n 5 "$WORK/apt.log"
+        log "SKIP: '$cmd' is missing and installing package '$pkg' failed"
+        exit 77
+    fi
+    log "SKIP: '$cmd' not found; install the Debian package '$pkg' (apt-get install -y $pkg) as root"
+    exit 77
+}
+
+pass() {
+    COMPAT_PASS=$((COMPAT_PASS + 1))
+    log "PASS: $1"
+}
+
+fail() {
+    COMPAT_FAIL=$((COMPAT_FAIL + 1))
+    COMPAT_FAILED_NAMES+=("$1")
+    log "FAIL: $1${2:+ -- $2}"
+}
+
+finish() {
+    log "----"
+    log "summary: $COMPAT_PASS passed, $COMPAT_FAIL failed ($((SECONDS - COMPAT_START)) s)"
+    if [ "$COMPAT_FAIL" -ne 0 ]; then
+        local n
+        for n in "${COMPAT_FAILED_NAMES[@]}"; do log "  failed: $n"; done
+        exit 1
+    fi
+    if [ "$COMPAT_PASS" -eq 0 ]; then
+        log "FAIL: nothing was checked"
+        exit 1
+    fi
+    exit 0
+}
+
+# budget_left NAME: true if there is time left to run case NAME; otherwise
+# records it as failed.
+budget_left() {
+    if [ $((SECONDS - COMPAT_START)) -ge "$COMPAT_BUDGET" ]; then
+        fail "$1" "not run: time budget of ${COMPAT_BUDGET}s exhausted"
+        return 1
+    fi
+    return 0
+}
+
+# show_log FILE: print the tail of a log, indented.
+show_log() {
+    local f=$1 label=${2:-$1}
+    log "  --- $label (last 25 lines) ---"
+    tail -n 25 "$f" 2>/dev/null | sed 's/^/  | /'
+}
+
+port_listening() {
+    ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
+}
+
+# free_port BASE: print the first port >= BASE nobody listens on.
+free_port() {
+    local p=$1
+    while port_listening "$p"; do p=$((p + 1)); done
+    printf '%s\n' "$p"
+}
+
+# wait_listen PORT PID SECONDS: wait until PORT listens while PID lives.
+wait_listen() {
+    local port=$1 pid=$2 limit=$3 i=0
+    while [ "$i" -lt $((limit * 20)) ]; do
+        port_listening "$port" && return 0
+        kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.05
+        i=$((i + 1))
+    done
+    return 1
+}
+
+# q CMD...: the command as a readable, shell-quoted string.
+q() {
+    local out="" a
+    for a in "$@"; do
+        if [[ $a =~ ^[A-Za-z0-9_./:=,+@-]+$ ]]; then out+="$a "; else out+="$(printf '%q' "$a") "; fi
+    done
+    printf '%s' "${out% }"
+}
+
+# run_check NAME TIMEOUT CMD...: run CMD (bounded); output in $CHECK_LOG,
+# status in $CHECK_RC.  Does not record a result.
+run_check() {
+    local name=$1 t=$2
+    shift 2
+    CHECK_LOG=$WORK/$(printf '%s' "$name" | tr -c 'A-Za-z0-9_.-' '_').log
+    log "RUN: $(q "$@")"
+    timeout -k 2 "$t" "$@" >"$CHECK_LOG" 2>&1
+    CHECK_RC=$?
+    if [ "$CHECK_RC" -eq 124 ]; then
+        log "  (timed out after ${t}s)"
+    fi
+    return 0
+}
+
+# run_pair NAME TIMEOUT PORT SERVER_ARGV_STRING CLIENT_ARGV_STRING
+# The argv strings are split on whitespace (no quoting needed by callers).
+# The server starts first; once PORT listens the client starts.  If the
+# client cannot connect (it exits quickly while the server is still up) it
+# is retried a few times.  Both run under `timeout TIMEOUT`.
+run_pair() {
+    local name=$1 t=$2 port=$3 srv_s=$4 cli_s=$5
+    local -a srv cli
+    local base spid cpid attempt=1 t0
+    read -r -a srv <<<"$srv_s"
+    read -r -a cli <<<"$cli_s"
+    base=$WORK/$(printf '%s' "$name" | tr -c 'A-Za-z0-9_.-' '_')
+    PAIR_SRV_LOG=$base.server.log
+    PAIR_CLI_LOG=$base.client.log
+    PAIR_SRV_RC=-1
+    PAIR_CLI_RC=-1
+
+    log "RUN server: $(q "${srv[@]}")"
+    timeout -k 2 "$t" "${srv[@]}" >"$PAIR_SRV_LOG" 2>&1 &
+    spid=$!
+    COMPAT_BG_PIDS+=("$spid")
+    if ! wait_listen "$port" "$spid" 15; then
+        log "  server did not listen on TCP port $port"
+        if kill -0 "$spid" 2>/dev/null; then kill -TERM "$spid" 2>/dev/null; fi
+        wait "$spid" 2>/dev/null
+        PAIR_SRV_RC=$?
+        return 0
+    fi
+    while :; do
+        log "RUN client: $(q "${cli[@]}")"
+        t0=$SECONDS
+        timeout -k 2 "$t" "${cli[@]}" >"$PAIR_CLI_LOG" 2>&1 &
+        cpid=$!
+        COMPAT_BG_PIDS+=("$cpid")
+        wait "$cpid"
+        PAIR_CLI_RC=$?
+        if [ "$PAIR_CLI_RC" -ne 0 ] && [ "$attempt" -lt 4 ] &&
+           [ $((SECONDS - t0)) -le 2 ] && kill -0 "$spid" 2>/dev/null &&
+           grep -qiE "couldn't connect|unable to (open|connect)|connection refused|failed to connect" "$PAIR_CLI_LOG"; then
+            log "  client could not connect (attempt $attempt), retrying"
+            attempt=$((attempt + 1))
+            sleep 0.5
+            continue
+        fi
+        break
+    done
+    if [ "$PAIR_CLI_RC" -ne 0 ]; then
+        # The client failed: give the server a moment, then stop it.
+        local i=0
+        while kill -0 "$spid" 2>/dev/null && [ "$i" -lt 40 ]; do sleep 0.05; i=$((i + 1)); done
+        kill -0 "$spid" 2>/dev/null && kill -TERM "$spid" 2>/dev/null
+    fi
+    wait "$spid"
+    PAIR_SRV_RC=$?
+    [ "$PAIR_SRV_RC" -eq 124 ] && log "  server timed out after ${t}s"
+    [ "$PAIR_CLI_RC" -eq 124 ] && log "  client timed out after ${t}s"
+    return 0
+}
+
+# pair_result NAME PATTERN [CHECKFN]: PASS if both sides exited 0, the client
+# log matches the extended regex PATTERN (no check if PATTERN is empty) and,
+# if given, `CHECKFN CLIENT_LOG` succeeds.
+pair_result() {
+    local name=$1 pat=$2 fn=${3:-} why=""
+    if [ "$PAIR_SRV_RC" -ne 0 ]; then why="server exit status $PAIR_SRV_RC"; fi
+    if [ "$PAIR_CLI_RC" -eq -1 ]; then why="${why:+$why, }client not started"
+    elif [ "$PAIR_CLI_RC" -ne 0 ]; then why="${why:+$why, }client exit status $PAIR_CLI_RC"; fi
+    if [ -z "$why" ] && [ -n "$pat" ] && ! grep -qE "$pat" "$PAIR_CLI_LOG"; then
+        why="client output lacks /$pat/"
+    fi
+    if [ -z "$why" ] && [ -n "$fn" ] && ! "$fn" "$PAIR_CLI_LOG"; then
+        why="client output fails check $fn"
+    fi
+    if [ -z "$why" ]; then
+        pass "$name"
+        return 0
+    fi
+    fail "$name" "$why"
+    show_log "$PAIR_SRV_LOG" "server output"
+    show_log "$PAIR_CLI_LOG" "client output"
+    return 1
+}

@@ -1,0 +1,589 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Conformance: one-sided operations (RDMA WRITE, WRITE_WITH_IMM, READ,
+ * atomics) between two processes.
+ *
+ * The parent is the initiator, the child the target.  While one-sided
+ * operations run, the target calls nothing at all: it sleeps in a blocking
+ * read on the socketpair (or spins on its own memory, like ib_write_lat),
+ * so the data must reach its memory without its help.
+ */
+#include "harness.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MiB (1024 * 1024)
+#define GUARD 4096 /* canary bytes on each side of the target region */
+#define CANARY 0xC5
+
+/* The target's buffer: [GUARD canary][region][GUARD canary]; only the
+ * region is registered. */
+struct target {
+	struct t_res r;
+	unsigned char *mem;
+	unsigned char *region;
+	size_t len;
+	struct ibv_mr *mr;
+};
+
+static void target_open(struct target *t, size_t len, unsigned access)
+{
+	t_res_open(&t->r, NULL);
+	t->len = len;
+	t->mem = t_alloc(len + 2 * GUARD);
+	memset(t->mem, CANARY, len + 2 * GUARD);
+	t->region = t->mem + GUARD;
+	memset(t->region, 0, len);
+	t->mr = t_reg(&t->r, t->region, len, access);
+}
+
+static bool guards_intact(struct target *t)
+{
+	for (size_t i = 0; i < GUARD; i++) {
+		if (!CHECK(t->mem[i] == CANARY, "canary before the region overwritten at -%zu",
+			   GUARD - i))
+			return false;
+		if (!CHECK(t->region[t->len + i] == CANARY,
+			   "canary after the region overwritten at +%zu", i))
+			return false;
+	}
+	return true;
+}
+
+static void target_close(struct target *t)
+{
+	guards_intact(t);
+	t_res_close(&t->r);
+	free(t->mem);
+}
+
+struct initiator {
+	struct t_res r;
+	unsigned char *buf;
+	size_t len;
+	struct ibv_mr *mr;
+	struct t_conn remote;
+};
+
+static void initiator_open(struct initiator *in, size_t len)
+{
+	t_res_open(&in->r, NULL);
+	in->len = len;
+	in->buf = t_alloc(len);
+	in->mr = t_reg(&in->r, in->buf, len, IBV_ACCESS_LOCAL_WRITE);
+}
+
+static void initiator_close(struct initiator *in)
+{
+	t_res_close(&in->r);
+	free(in->buf);
+}
+
+/* A message from the initiator to the target: what to verify. */
+struct verify_msg {
+	uint64_t op; /* 0 = done, 1 = verify pattern */
+	uint64_t off, len, seed;
+};
+
+static void send_verify(struct t_peer *p, uint64_t off, uint64_t len, uint64_t seed)
+{
+	struct verify_msg m = {1, off, len, seed};
+	t_send_msg(p, &m, sizeof(m));
+	(void)t_recv_u64(p, T_WAIT_MS); /* verified */
+}
+
+static void send_done(struct t_peer *p)
+{
+	struct verify_msg m = {0, 0, 0, 0};
+	t_send_msg(p, &m, sizeof(m));
+}
+
+/* Target side loop: sleep in a blocking read until told what to check. */
+static void target_verify_loop(struct t_peer *p, struct target *t)
+{
+	for (;;) {
+		struct verify_msg m;
+		t_recv_msg(p, &m, sizeof(m), 30000);
+		if (m.op == 0)
+			break;
+		long bad = t_pattern_check(t->region + m.off, m.len, (unsigned)m.seed);
+		CHECK(bad < 0, "written data (offset %llu, %llu bytes) differs at byte %ld: 0x%02x, "
+		      "expected 0x%02x", (unsigned long long)m.off, (unsigned long long)m.len, bad,
+		      bad >= 0 ? t->region[m.off + (size_t)bad] : 0,
+		      bad >= 0 ? t_pattern_byte((size_t)bad, (unsigned)m.seed) : 0);
+		t_send_u64(p, 1);
+	}
+}
+
+static const uint32_t wsizes[] = {1, 7, 64, 4096, 4097, 65536, 65537, MiB};
+#define NW (sizeof(wsizes) / sizeof(wsizes[0]))
+
+/* ---- RDMA WRITE of various sizes, target asleep in read() ---- */
+
+static void write_parent(struct t_peer *p, void *arg)
+{
+	struct initiator in;
+	initiator_open(&in, MiB + 64);
+	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	for (size_t i = 0; i < NW; i++) {
+		uint64_t off = (i * 13) % 61; /* odd, unaligned remote offsets */
+		if (off + wsizes[i] > in.remote.len)
+			off = in.remote.len - wsizes[i];
+		t_pattern_fill(in.buf + 5, wsizes[i], 200u + (unsigned)i);
+		int ret = t_post_send(in.r.qp, i, IBV_WR_RDMA_WRITE, in.buf + 5, wsizes[i],
+				      in.mr->lkey, IBV_SEND_SIGNALED, in.remote.addr + off,
+				      in.remote.rkey);
+		REQUIRE(ret == 0, "post RDMA_WRITE of %u bytes: %d", wsizes[i], ret);
+		char what[64];
+		snprintf(what, sizeof(what), "RDMA_WRITE of %u bytes", wsizes[i]);
+		t_expect_wc(in.r.send_cq, NULL, i, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, what);
+		/* A completed WRITE is in the target's memory: verify it. */
+		send_verify(p, off, wsizes[i], 200u + (unsigned)i);
+	}
+	send_done(p);
+	t_barrier(p);
+	initiator_close(&in);
+}
+
+static void write_child(struct t_peer *p, void *arg)
+{
+	struct target t;
+	target_open(&t, MiB, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	t_connect_pair(p, &t.r, t.mr, NULL);
+	target_verify_loop(p, &t);
+	t_barrier(p);
+	target_close(&t);
+}
+
+/* ---- WRITE with a gather list of local SGEs into one remote range ---- */
+
+static void write_sge_parent(struct t_peer *p, void *arg)
+{
+	struct t_opts o = t_opts_default();
+	o.max_send_sge = 4;
+	struct initiator in;
+	t_res_open(&in.r, &o);
+	in.len = 65536;
+	in.buf = t_alloc(in.len);
+	in.mr = t_reg(&in.r, in.buf, in.len, IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(in.r.cap.max_send_sge >= 4, "max_send_sge %u", in.r.cap.max_send_sge);
+	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	static const uint32_t piece[4] = {1, 4095, 3, 9000};
+	static const size_t where[4] = {0, 100, 8000, 20001};
+	struct ibv_sge sge[4];
+	size_t pos = 0;
+	for (int i = 0; i < 4; i++) {
+		for (uint32_t b = 0; b < piece[i]; b++, pos++)
+			in.buf[where[i] + b] = t_pattern_byte(pos, 77);
+		sge[i] = (struct ibv_sge){.addr = (uintptr_t)(in.buf + where[i]), .length = piece[i],
+					  .lkey = in.mr->lkey};
+	}
+	struct ibv_send_wr wr = {.wr_id = 9, .sg_list = sge, .num_sge = 4,
+				 .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
+	wr.wr.rdma.remote_addr = in.remote.addr + 3;
+	wr.wr.rdma.rkey = in.remote.rkey;
+	struct ibv_send_wr *bad;
+	REQUIRE(ibv_post_send(in.r.qp, &wr, &bad) == 0, "post RDMA_WRITE with 4 SGEs");
+	t_expect_wc(in.r.send_cq, NULL, 9, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, "gathered WRITE");
+	send_verify(p, 3, pos, 77);
+	send_done(p);
+	t_barrier(p);
+	initiator_close(&in);
+}
+
+/* ---- The target spins on its own memory, never calling verbs ---- */
+
+#define SPIN_LEN (256 * 1024)
+
+static void spin_parent(struct t_peer *p, void *arg)
+{
+	struct initiator in;
+	initiator_open(&in, SPIN_LEN);
+	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	t_pattern_fill(in.buf, SPIN_LEN, 5);
+	REQUIRE(in.buf[SPIN_LEN - 1] != 0, "pattern must end in a non-zero byte");
+	t_sleep_ms(50); /* let the target start spinning */
+	int ret = t_post_send(in.r.qp, 1, IBV_WR_RDMA_WRITE, in.buf, SPIN_LEN, in.mr->lkey,
+			      IBV_SEND_SIGNALED, in.remote.addr, in.remote.rkey);
+	REQUIRE(ret == 0, "post RDMA_WRITE: %d", ret);
+	t_expect_wc(in.r.send_cq, NULL, 1, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, "RDMA_WRITE");
+	t_barrier(p);
+	initiator_close(&in);
+}
+
+static void spin_child(struct t_peer *p, void *arg)
+{
+	struct target t;
+	target_open(&t, SPIN_LEN, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	t_connect_pair(p, &t.r, t.mr, NULL);
+	/* No verbs call from here until the data is there: like
+	 * ib_write_lat, watch the last byte; then the whole buffer (the
+	 * spec does not order the bytes within one WRITE, so keep
+	 * looking until all of it is there or the deadline passes). */
+	volatile unsigned char *last = t.region + SPIN_LEN - 1;
+	uint64_t end = t_now_ms() + T_WAIT_MS;
+	bool seen = false;
+	while (t_now_ms() < end) {
+		if (*last == t_pattern_byte(SPIN_LEN - 1, 5) &&
+		    t_pattern_check(t.region, SPIN_LEN, 5) < 0) {
+			seen = true;
+			break;
+		}
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	}
+	long bad = t_pattern_check(t.region, SPIN_LEN, 5);
+	CHECK(seen, "the WRITE did not appear in the target's memory within %d ms while the target "
+	      "made no verbs call (first wrong byte at %ld)", T_WAIT_MS, bad);
+	t_barrier(p);
+	target_close(&t);
+}
+
+/* ---- RDMA_WRITE_WITH_IMM consumes a receive at the target ---- */
+
+static void wimm_parent(struct t_peer *p, void *arg)
+{
+	struct initiator in;
+	initiator_open(&in, 8192);
+	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	t_barrier(p); /* receives posted */
+	t_pattern_fill(in.buf, 4096, 31);
+	struct ibv_sge sge = {.addr = (uintptr_t)in.buf, .length = 4096, .lkey = in.mr->lkey};
+	struct ibv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1,
+				 .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+				 .send_flags = IBV_SEND_SIGNALED, .imm_data = htonl(0xCAFEF00D)};
+	wr.wr.rdma.remote_addr = in.remote.addr + 100;
+	wr.wr.rdma.rkey = in.remote.rkey;
+	struct ibv_send_wr *bad;
+	REQUIRE(ibv_post_send(in.r.qp, &wr, &bad) == 0, "post RDMA_WRITE_WITH_IMM");
+	t_expect_wc(in.r.send_cq, NULL, 1, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, "RDMA_WRITE_WITH_IMM");
+	/* Zero-length WRITE_WITH_IMM: only the immediate travels. */
+	wr.wr_id = 2;
+	wr.num_sge = 0;
+	wr.imm_data = htonl(0x0BADBEEF);
+	REQUIRE(ibv_post_send(in.r.qp, &wr, &bad) == 0, "post zero-length RDMA_WRITE_WITH_IMM");
+	t_expect_wc(in.r.send_cq, NULL, 2, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE,
+		    "zero-length RDMA_WRITE_WITH_IMM");
+	/* A plain SEND takes the next receive. */
+	in.buf[0] = 42;
+	REQUIRE(t_post_send(in.r.qp, 3, IBV_WR_SEND, in.buf, 1, in.mr->lkey, IBV_SEND_SIGNALED, 0,
+			    0) == 0, "post SEND");
+	t_expect_wc(in.r.send_cq, NULL, 3, IBV_WC_SUCCESS, IBV_WC_SEND, "SEND");
+	t_barrier(p);
+	t_barrier(p);
+	initiator_close(&in);
+}
+
+static void wimm_child(struct t_peer *p, void *arg)
+{
+	struct target t;
+	target_open(&t, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	t_connect_pair(p, &t.r, t.mr, NULL);
+	/* The receives for the immediates need no buffer; the last one
+	 * (for the SEND) has one, away from the written range. */
+	REQUIRE(t_post_recv(t.r.qp, 10, NULL, 0, 0) == 0, "ibv_post_recv (no SGE)");
+	REQUIRE(t_post_recv(t.r.qp, 11, NULL, 0, 0) == 0, "ibv_post_recv (no SGE)");
+	REQUIRE(t_post_recv(t.r.qp, 12, t.region + 6000, 64, t.mr->lkey) == 0, "ibv_post_recv");
+	t_barrier(p);
+	t_barrier(p); /* asleep until all three operations completed */
+	struct ibv_wc wc;
+	if (t_expect_wc(t.r.recv_cq, &wc, 10, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM,
+			"receive consumed by RDMA_WRITE_WITH_IMM")) {
+		CHECK(wc.byte_len == 4096, "RDMA_WRITE_WITH_IMM: byte_len %u, expected 4096",
+		      wc.byte_len);
+		CHECK(wc.wc_flags & IBV_WC_WITH_IMM, "RDMA_WRITE_WITH_IMM: IBV_WC_WITH_IMM not set");
+		CHECK(ntohl(wc.imm_data) == 0xCAFEF00D, "imm_data 0x%08x", ntohl(wc.imm_data));
+	}
+	long bad = t_pattern_check(t.region + 100, 4096, 31);
+	CHECK(bad < 0, "RDMA_WRITE_WITH_IMM data differs at %ld", bad);
+	if (t_expect_wc(t.r.recv_cq, &wc, 11, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM,
+			"receive consumed by the zero-length RDMA_WRITE_WITH_IMM")) {
+		CHECK(wc.byte_len == 0, "zero-length RDMA_WRITE_WITH_IMM: byte_len %u", wc.byte_len);
+		CHECK(ntohl(wc.imm_data) == 0x0BADBEEF, "imm_data 0x%08x", ntohl(wc.imm_data));
+	}
+	if (t_expect_wc(t.r.recv_cq, &wc, 12, IBV_WC_SUCCESS, IBV_WC_RECV, "receive of the SEND"))
+		CHECK(wc.byte_len == 1 && t.region[6000] == 42, "SEND: byte_len %u data %u",
+		      wc.byte_len, t.region[6000]);
+	t_barrier(p);
+	target_close(&t);
+}
+
+/* ---- RDMA READ ---- */
+
+static void read_parent(struct t_peer *p, void *arg)
+{
+	struct t_opts o = t_opts_default();
+	o.max_send_sge = 3;
+	struct initiator in;
+	t_res_open(&in.r, &o);
+	in.len = MiB + 64;
+	in.buf = t_alloc(in.len);
+	in.mr = t_reg(&in.r, in.buf, in.len, IBV_ACCESS_LOCAL_WRITE);
+	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	/* The target filled its region with pattern 9. */
+	for (size_t i = 0; i < NW; i++) {
+		uint64_t off = (i * 29) % 53;
+		if (off + wsizes[i] > in.remote.len)
+			off = in.remote.len - wsizes[i];
+		memset(in.buf, 0, wsizes[i] + 16);
+		int ret = t_post_send(in.r.qp, i, IBV_WR_RDMA_READ, in.buf + 1, wsizes[i], in.mr->lkey,
+				      IBV_SEND_SIGNALED, in.remote.addr + off, in.remote.rkey);
+		REQUIRE(ret == 0, "post RDMA_READ of %u bytes: %d", wsizes[i], ret);
+		char what[64];
+		snprintf(what, sizeof(what), "RDMA_READ of %u bytes", wsizes[i]);
+		if (t_expect_wc(in.r.send_cq, NULL, i, IBV_WC_SUCCESS, IBV_WC_RDMA_READ, what)) {
+			long bad = -1;
+			for (uint32_t k = 0; k < wsizes[i]; k++)
+				if (in.buf[1 + k] != t_pattern_byte(off + k, 9)) {
+					bad = k;
+					break;
+				}
+			CHECK(bad < 0, "%s: data differs at %ld", what, bad);
+			CHECK(in.buf[0] == 0 && in.buf[1 + wsizes[i]] == 0,
+			      "%s wrote outside the local SGE", what);
+		}
+	}
+	/* A READ scattered into three local SGEs. */
+	memset(in.buf, 0, 4096);
+	struct ibv_sge sge[3] = {
+		{.addr = (uintptr_t)(in.buf + 0), .length = 10, .lkey = in.mr->lkey},
+		{.addr = (uintptr_t)(in.buf + 100), .length = 1000, .lkey = in.mr->lkey},
+		{.addr = (uintptr_t)(in.buf + 2000), .length = 33, .lkey = in.mr->lkey},
+	};
+	struct ibv_send_wr wr = {.wr_id = 77, .sg_list = sge, .num_sge = 3,
+				 .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED};
+	wr.wr.rdma.remote_addr = in.remote.addr + 500;
+	wr.wr.rdma.rkey = in.remote.rkey;
+	struct ibv_send_wr *badwr;
+	if (CHECK(in.r.cap.max_send_sge >= 3, "max_send_sge %u", in.r.cap.max_send_sge) &&
+	    CHECK(ibv_post_send(in.r.qp, &wr, &badwr) == 0, "post scattered RDMA_READ") &&
+	    t_expect_wc(in.r.send_cq, NULL, 77, IBV_WC_SUCCESS, IBV_WC_RDMA_READ, "scattered READ")) {
+		size_t pos = 500;
+		bool ok = true;
+		for (int s = 0; s < 3 && ok; s++)
+			for (uint32_t k = 0; k < sge[s].length && ok; k++, pos++)
+				ok = ((unsigned char *)(uintptr_t)sge[s].addr)[k] == t_pattern_byte(pos, 9);
+		CHECK(ok, "scattered READ: data differs at remote offset %zu", pos - 1);
+		CHECK(in.buf[10] == 0 && in.buf[99] == 0 && in.buf[1100] == 0,
+		      "scattered READ wrote between the SGEs");
+	}
+	t_barrier(p);
+	initiator_close(&in);
+}
+
+static void read_child(struct t_peer *p, void *arg)
+{
+	struct target t;
+	target_open(&t, MiB, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+	t_pattern_fill(t.region, MiB, 9);
+	t_connect_pair(p, &t.r, t.mr, NULL);
+	t_barrier_timeout(p, 30000); /* asleep while the parent reads */
+	CHECK(t_pattern_check(t.region, MiB, 9) < 0, "RDMA READ modified the target's memory");
+	target_close(&t);
+}
+
+/* ---- Atomics ----
+ * Values are 64-bit integers in the target's native byte order; the
+ * original value lands in the initiator's buffer in native byte order too
+ * (what rdma-core providers give on little-endian hosts). */
+
+#define A0 0x0102030405060708ull
+
+static void atomic_parent(struct t_peer *p, void *arg)
+{
+	struct initiator in;
+	initiator_open(&in, 4096);
+	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	uint64_t *res = (uint64_t *)(void *)in.buf;
+	uint64_t slot0 = in.remote.addr, slot1 = in.remote.addr + 8, slot2 = in.remote.addr + 64;
+	struct ibv_sge sge = {.addr = (uintptr_t)res, .length = 8, .lkey = in.mr->lkey};
+	struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .send_flags = IBV_SEND_SIGNALED};
+	struct ibv_send_wr *bad;
+
+	/* CMP_AND_SWP that matches: swaps, returns the old value. */
+	*res = 0;
+	wr.wr_id = 1;
+	wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+	wr.wr.atomic.remote_addr = slot0;
+	wr.wr.atomic.rkey = in.remote.rkey;
+	wr.wr.atomic.compare_add = A0;
+	wr.wr.atomic.swap = 0xAAAABBBBCCCCDDDDull;
+	REQUIRE(ibv_post_send(in.r.qp, &wr, &bad) == 0, "post CMP_AND_SWP");
+	if (t_expect_wc(in.r.send_cq, NULL, 1, IBV_WC_SUCCESS, IBV_WC_COMP_SWAP, "CMP_AND_SWP (match)"))
+		CHECK(*res == A0, "CMP_AND_SWP returned 0x%016llx, expected the old value 0x%016llx",
+		      (unsigned long long)*res, A0);
+
+	/* CMP_AND_SWP that does not match: no swap, returns the current value. */
+	*res = 0;
+	wr.wr_id = 2;
+	wr.wr.atomic.compare_add = 12345;
+	wr.wr.atomic.swap = 777;
+	REQUIRE(ibv_post_send(in.r.qp, &wr, &bad) == 0, "post CMP_AND_SWP");
+	if (t_expect_wc(in.r.send_cq, NULL, 2, IBV_WC_SUCCESS, IBV_WC_COMP_SWAP,
+			"CMP_AND_SWP (no match)"))
+		CHECK(*res == 0xAAAABBBBCCCCDDDDull, "CMP_AND_SWP (no match) returned 0x%016llx, "
+		      "expected 0xaaaabbbbccccdddd", (unsigned long long)*res);
+
+	/* FETCH_AND_ADD: returns the old value, adds (with carry across bytes). */
+	*res = 0;
+	wr.wr_id = 3;
+	wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+	wr.wr.atomic.remote_addr = slot1;
+	wr.wr.atomic.compare_add = 0x1;
+	REQUIRE(ibv_post_send(in.r.qp, &wr, &bad) == 0, "post FETCH_AND_ADD");
+	if (t_expect_wc(in.r.send_cq, NULL, 3, IBV_WC_SUCCESS, IBV_WC_FETCH_ADD, "FETCH_AND_ADD"))
+		CHECK(*res == 0x00000000FFFFFFFFull, "FETCH_AND_ADD returned 0x%016llx, expected the "
+		      "old value 0x00000000ffffffff", (unsigned long long)*res);
+
+	/* 100 FETCH_AND_ADDs of 3, each result into its own slot. */
+	uint64_t *many = (uint64_t *)(void *)(in.buf + 1024);
+	for (int i = 0; i < 100; i++) {
+		struct ibv_sge s2 = {.addr = (uintptr_t)&many[i], .length = 8, .lkey = in.mr->lkey};
+		struct ibv_send_wr w2 = {.wr_id = 100u + (uint64_t)i, .sg_list = &s2, .num_sge = 1,
+					 .opcode = IBV_WR_ATOMIC_FETCH_AND_ADD,
+					 .send_flags = IBV_SEND_SIGNALED};
+		w2.wr.atomic.remote_addr = slot2;
+		w2.wr.atomic.rkey = in.remote.rkey;
+		w2.wr.atomic.compare_add = 3;
+		REQUIRE(ibv_post_send(in.r.qp, &w2, &bad) == 0, "post FETCH_AND_ADD #%d", i);
+		t_expect_wc(in.r.send_cq, NULL, 100u + (uint64_t)i, IBV_WC_SUCCESS, IBV_WC_FETCH_ADD,
+			    "FETCH_AND_ADD");
+		CHECK(many[i] == 1000u + 3u * (uint64_t)i, "FETCH_AND_ADD #%d returned %llu, expected %llu",
+		      i, (unsigned long long)many[i], 1000ull + 3ull * (unsigned)i);
+	}
+	t_barrier(p);
+	t_barrier(p);
+	initiator_close(&in);
+}
+
+static void atomic_child(struct t_peer *p, void *arg)
+{
+	struct target t;
+	target_open(&t, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+	uint64_t *v = (uint64_t *)(void *)t.region;
+	v[0] = A0;
+	v[1] = 0x00000000FFFFFFFFull;
+	v[8] = 1000;
+	v[2] = 0x5555555555555555ull; /* a neighbour that must not change */
+	t_connect_pair(p, &t.r, t.mr, NULL);
+	t_barrier(p); /* asleep while the parent runs the atomics */
+	CHECK(v[0] == 0xAAAABBBBCCCCDDDDull, "after CMP_AND_SWP the target holds 0x%016llx, "
+	      "expected 0xaaaabbbbccccdddd", (unsigned long long)v[0]);
+	CHECK(v[1] == 0x0000000100000000ull, "after FETCH_AND_ADD of 1 the target holds 0x%016llx, "
+	      "expected 0x0000000100000000", (unsigned long long)v[1]);
+	CHECK(v[8] == 1300, "after 100 FETCH_AND_ADDs of 3 the target holds %llu, expected 1300",
+	      (unsigned long long)v[8]);
+	CHECK(v[2] == 0x5555555555555555ull, "a neighbouring word changed");
+	t_barrier(p);
+	target_close(&t);
+}
+
+/* ---- Remote access through an MR registered with an iova ---- */
+
+#define IOVA 0x7000000000ull
+
+static void iova_parent(struct t_peer *p, void *arg)
+{
+	struct initiator in;
+	initiator_open(&in, 8192);
+	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	REQUIRE(in.remote.addr == IOVA, "the target should advertise the iova");
+	t_pattern_fill(in.buf, 1000, 61);
+	int ret = t_post_send(in.r.qp, 1, IBV_WR_RDMA_WRITE, in.buf, 1000, in.mr->lkey,
+			      IBV_SEND_SIGNALED, IOVA + 100, in.remote.rkey);
+	REQUIRE(ret == 0, "post RDMA_WRITE to the iova: %d", ret);
+	t_expect_wc(in.r.send_cq, NULL, 1, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, "WRITE at iova + 100");
+	send_verify(p, 100, 1000, 61);
+	memset(in.buf + 4096, 0, 1000);
+	ret = t_post_send(in.r.qp, 2, IBV_WR_RDMA_READ, in.buf + 4096, 1000, in.mr->lkey,
+			  IBV_SEND_SIGNALED, IOVA + 100, in.remote.rkey);
+	REQUIRE(ret == 0, "post RDMA_READ from the iova: %d", ret);
+	if (t_expect_wc(in.r.send_cq, NULL, 2, IBV_WC_SUCCESS, IBV_WC_RDMA_READ, "READ at iova + 100"))
+		CHECK(t_pattern_check(in.buf + 4096, 1000, 61) < 0, "READ at the iova returned "
+		      "other data");
+	send_done(p);
+	t_barrier(p);
+	initiator_close(&in);
+}
+
+static void iova_child(struct t_peer *p, void *arg)
+{
+	struct target t;
+	t_res_open(&t.r, NULL);
+	t.len = 4096;
+	t.mem = t_alloc(t.len + 2 * GUARD);
+	memset(t.mem, CANARY, t.len + 2 * GUARD);
+	t.region = t.mem + GUARD;
+	t.mr = ibv_reg_mr_iova2(t.r.pd, t.region, t.len, IOVA,
+				IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+					IBV_ACCESS_REMOTE_READ);
+	REQUIRE(t.mr, "ibv_reg_mr_iova2: %s", strerror(errno));
+	t.r.mrs[0] = t.mr;
+	struct t_conn local, remote;
+	t_conn_local(&t.r, t.mr, &local);
+	local.addr = IOVA; /* peers address this MR by its iova */
+	t_exchange(p, &local, &remote);
+	t_connect(&t.r, &remote);
+	t_barrier(p);
+	target_verify_loop(p, &t);
+	t_barrier(p);
+	target_close(&t);
+}
+
+/* ---- ibv_rereg_mr: a new translation and access, used remotely ---- */
+
+static void rereg_parent(struct t_peer *p, void *arg)
+{
+	struct initiator in;
+	initiator_open(&in, 8192);
+	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	t_pattern_fill(in.buf, 2000, 62);
+	int ret = t_post_send(in.r.qp, 1, IBV_WR_RDMA_WRITE, in.buf, 2000, in.mr->lkey,
+			      IBV_SEND_SIGNALED, in.remote.addr + 10, in.remote.rkey);
+	REQUIRE(ret == 0, "post RDMA_WRITE: %d", ret);
+	t_expect_wc(in.r.send_cq, NULL, 1, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE,
+		    "WRITE through the re-registered MR");
+	send_done(p);
+	t_barrier(p);
+	initiator_close(&in);
+}
+
+static void rereg_child(struct t_peer *p, void *arg)
+{
+	struct target t;
+	target_open(&t, 8192, IBV_ACCESS_LOCAL_WRITE);
+	unsigned char *b = t_alloc(16384);
+	/* Move the MR to b and open it for remote writes. */
+	int ret = ibv_rereg_mr(t.mr, IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS,
+			       NULL, b, 16384, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	REQUIRE(ret == 0, "ibv_rereg_mr: %d (errno %d)", ret, errno);
+	REQUIRE(t.mr->addr == b, "mr->addr not updated by ibv_rereg_mr");
+	t_connect_pair(p, &t.r, t.mr, NULL); /* advertises b and the current rkey */
+	struct verify_msg m;
+	t_recv_msg(p, &m, sizeof(m), T_WAIT_MS);
+	CHECK(t_pattern_check(b + 10, 2000, 62) < 0, "the WRITE did not land in the new buffer");
+	bool old_untouched = true;
+	for (size_t i = 0; i < t.len; i++)
+		old_untouched &= t.region[i] == 0;
+	CHECK(old_untouched, "the old translation was written after ibv_rereg_mr moved the MR");
+	t_barrier(p);
+	target_close(&t);
+	free(b);
+}
+
+int main(int argc, char **argv)
+{
+	t_init(argc, argv);
+	t_pair("rdma_write_sizes", write_parent, write_child, NULL);
+	t_pair("rdma_write_sge_list", write_sge_parent, write_child, NULL);
+	t_pair("rdma_write_target_spins", spin_parent, spin_child, NULL);
+	t_pair("rdma_write_with_imm", wimm_parent, wimm_child, NULL);
+	t_pair("rdma_read", read_parent, read_child, NULL);
+	t_pair("atomics", atomic_parent, atomic_child, NULL);
+	t_pair("iova_mr_remote_access", iova_parent, iova_child, NULL);
+	t_pair("rereg_mr_remote_write", rereg_parent, rereg_child, NULL);
+	return t_finish();
+}
