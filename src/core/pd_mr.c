@@ -184,8 +184,17 @@ int urdma_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd,
 	uint64_t va = (uintptr_t)addr;
 	int ret;
 
-	if (flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD |
-		      IBV_REREG_MR_CHANGE_ACCESS) || !flags)
+	/* Input rules of rdma-core's ibv_rereg_mr: nothing given that the
+	 * flags don't ask to change. */
+	errno = EINVAL;
+	if (!flags || flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION |
+				IBV_REREG_MR_CHANGE_PD |
+				IBV_REREG_MR_CHANGE_ACCESS))
+		return IBV_REREG_MR_ERR_INPUT;
+	if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? (!addr || !length) :
+							(addr || length))
+		return IBV_REREG_MR_ERR_INPUT;
+	if (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS))
 		return IBV_REREG_MR_ERR_INPUT;
 	if ((flags & IBV_REREG_MR_CHANGE_ACCESS) && check_access(access))
 		return IBV_REREG_MR_ERR_INPUT;
@@ -215,6 +224,7 @@ int urdma_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd,
 		ibmr->pd = ibpd;
 	}
 	mr_publish(mr, to_upd(ibmr->pd)->id);
+	errno = 0;
 	return 0;
 }
 

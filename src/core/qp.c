@@ -694,9 +694,10 @@ static const struct qp_trans qp_trans[IBV_QPS_ERR + 1][IBV_QPS_ERR + 1] = {
 				  IBV_QP_PATH_MIG_STATE),
 	},
 	[IBV_QPS_RTS] = {
+		/* TIMEOUT: as current kernels allow (ack timeout in RTS). */
 		[IBV_QPS_RTS] = T(0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS |
 				     IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE |
-				     IBV_QP_MIN_RNR_TIMER),
+				     IBV_QP_MIN_RNR_TIMER | IBV_QP_TIMEOUT),
 		[IBV_QPS_SQD] = T(0, IBV_QP_EN_SQD_ASYNC_NOTIFY),
 	},
 	[IBV_QPS_SQD] = {

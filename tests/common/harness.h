@@ -65,10 +65,10 @@ void t_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #define CHECK(cond, ...) \
 	t_check_impl(!!(cond), __FILE__, __LINE__, #cond, __VA_ARGS__)
-#define REQUIRE(cond, ...)                    \
-	do {                                  \
-		if (!CHECK(cond, __VA_ARGS__)) \
-			t_abort();            \
+#define REQUIRE(cond, ...)                                                  \
+	do {                                                                \
+		if (!t_check_impl(!!(cond), __FILE__, __LINE__, #cond, __VA_ARGS__)) \
+			t_abort();                                          \
 	} while (0)
 
 /* Number of failed CHECKs so far in this process (this case). */

@@ -207,14 +207,16 @@ static void legal_path_and_query(void *arg)
 	      q.cap.max_inline_data, c->max_send_wr, c->max_inline_data);
 	CHECK(qi.qp_type == IBV_QPT_RC, "query init_attr.qp_type %d", qi.qp_type);
 
-	/* RTS->RTS may change e.g. the timeout (an optional attribute). */
-	struct ibv_qp_attr m = {.qp_state = IBV_QPS_RTS, .timeout = 16};
-	ret = ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_TIMEOUT);
-	CHECK(ret == 0, "RTS->RTS changing the timeout: %d", ret);
+	/* RTS->RTS may change the optional attributes of that transition
+	 * (for RC: ACCESS_FLAGS, ALT_PATH, PATH_MIG_STATE, MIN_RNR_TIMER). */
+	struct ibv_qp_attr m = {.qp_state = IBV_QPS_RTS, .min_rnr_timer = 14};
+	ret = ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_MIN_RNR_TIMER);
+	CHECK(ret == 0, "RTS->RTS changing min_rnr_timer: %d", ret);
 	memset(&q, 0, sizeof(q));
-	if (ibv_query_qp(qp, &q, IBV_QP_TIMEOUT | IBV_QP_STATE, &qi) == 0)
-		CHECK(q.timeout == 16 && q.qp_state == IBV_QPS_RTS,
-		      "after RTS->RTS timeout %u state %s", q.timeout, t_qp_state_str(q.qp_state));
+	if (ibv_query_qp(qp, &q, IBV_QP_MIN_RNR_TIMER | IBV_QP_STATE, &qi) == 0)
+		CHECK(q.min_rnr_timer == 14 && q.qp_state == IBV_QPS_RTS,
+		      "after RTS->RTS min_rnr_timer %u state %s", q.min_rnr_timer,
+		      t_qp_state_str(q.qp_state));
 	fixture_close(&f);
 }
 

@@ -1,0 +1,322 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Conformance: completion events through a completion channel:
+ * ibv_req_notify_cq, ibv_get_cq_event, ibv_ack_cq_events, solicited-only
+ * arming, and the channel fd with poll() and O_NONBLOCK.
+ *
+ * Semantics (IB spec, ibv_req_notify_cq(3)):
+ *  - arming is one-shot: after an event the CQ must be re-armed;
+ *  - armed with solicited_only = 0: the next completion raises an event;
+ *  - armed with solicited_only = 1: only the next *solicited* completion
+ *    (a SEND with IBV_SEND_SOLICITED) or an error completion raises one.
+ */
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct side {
+	struct t_res r;
+	char *buf;
+	struct ibv_mr *mr;
+};
+
+static void side_open(struct side *s, bool channel)
+{
+	struct t_opts o = t_opts_default();
+	o.use_channel = channel;
+	o.separate_cqs = true;
+	t_res_open(&s->r, &o);
+	s->buf = t_alloc(65536);
+	s->mr = t_reg(&s->r, s->buf, 65536, IBV_ACCESS_LOCAL_WRITE);
+}
+
+static void side_close(struct side *s)
+{
+	t_res_close(&s->r);
+	free(s->buf);
+}
+
+static void send_one(struct side *s, uint64_t wr_id, unsigned flags)
+{
+	int ret = t_post_send(s->r.qp, wr_id, IBV_WR_SEND, s->buf, 32, s->mr->lkey,
+			      IBV_SEND_SIGNALED | flags, 0, 0);
+	REQUIRE(ret == 0, "ibv_post_send: %d", ret);
+}
+
+/* ---- An event for a send completion ---- */
+
+static void send_event_parent(struct t_peer *p, void *arg)
+{
+	struct side s;
+	side_open(&s, true);
+	t_connect_pair(p, &s.r, s.mr, NULL);
+	REQUIRE(ibv_req_notify_cq(s.r.send_cq, 0) == 0, "ibv_req_notify_cq(send CQ)");
+	/* Also arm the recv CQ: it gets no completion, so no event. */
+	REQUIRE(ibv_req_notify_cq(s.r.recv_cq, 0) == 0, "ibv_req_notify_cq(recv CQ)");
+	t_barrier(p); /* the peer's receive is posted */
+	send_one(&s, 1, 0);
+	CHECK(t_fd_readable(s.r.channel->fd, T_WAIT_MS), "no event for the send completion within %d ms",
+	      T_WAIT_MS);
+	struct ibv_cq *cq = NULL;
+	void *ctx = NULL;
+	int ret = ibv_get_cq_event(s.r.channel, &cq, &ctx);
+	CHECK(ret == 0, "ibv_get_cq_event: %d (errno %d)", ret, errno);
+	if (ret == 0) {
+		CHECK(cq == s.r.send_cq, "the event names CQ %p, expected the send CQ %p", (void *)cq,
+		      (void *)s.r.send_cq);
+		CHECK(ctx == &s.r, "the event carries cq_context %p, expected %p", ctx, (void *)&s.r);
+		ibv_ack_cq_events(cq, 1);
+	}
+	t_expect_wc(s.r.send_cq, NULL, 1, IBV_WC_SUCCESS, IBV_WC_SEND, "send after its event");
+	/* Nothing else is pending on the channel. */
+	CHECK(!t_fd_readable(s.r.channel->fd, 100), "a second event arrived (recv CQ had nothing)");
+	t_barrier(p);
+	side_close(&s); /* destroy_cq waits for unacked events: all were acked */
+}
+
+static void plain_receiver(struct t_peer *p, void *arg)
+{
+	int n = arg ? (int)(uintptr_t)arg : 1;
+	struct side s;
+	side_open(&s, false);
+	t_connect_pair(p, &s.r, s.mr, NULL);
+	for (int i = 0; i < n; i++)
+		REQUIRE(t_post_recv(s.r.qp, (uint64_t)i, s.buf + 64 * i, 64, s.mr->lkey) == 0,
+			"ibv_post_recv");
+	t_barrier(p);
+	struct ibv_wc wc[16];
+	int got = t_poll(s.r.recv_cq, wc, n, T_WAIT_MS);
+	CHECK(got == n, "received %d of %d", got, n);
+	t_barrier(p);
+	side_close(&s);
+}
+
+/* ---- The receiver sleeps in ibv_get_cq_event while the sender sends ---- */
+
+static void sender(struct t_peer *p, void *arg)
+{
+	struct side s;
+	side_open(&s, false);
+	t_connect_pair(p, &s.r, s.mr, NULL);
+	for (int round = 0;; round++) {
+		/* The receiver says what to send next: 0 = stop, else the
+		 * send flags + 1. */
+		uint64_t cmd = t_recv_u64(p, 30000);
+		if (cmd == 0)
+			break;
+		t_sleep_ms(200); /* make sure the receiver is asleep */
+		send_one(&s, (uint64_t)round, (unsigned)(cmd - 1));
+		t_expect_wc(s.r.send_cq, NULL, (uint64_t)round, IBV_WC_SUCCESS, IBV_WC_SEND, "send");
+	}
+	t_barrier(p);
+	side_close(&s);
+}
+
+static void ask(struct t_peer *p, unsigned flags) { t_send_u64(p, (uint64_t)flags + 1); }
+
+static void sleeping_receiver(struct t_peer *p, void *arg)
+{
+	struct side s;
+	side_open(&s, true);
+	t_connect_pair(p, &s.r, s.mr, NULL);
+	for (int i = 0; i < 3; i++)
+		REQUIRE(t_post_recv(s.r.qp, 10u + (uint64_t)i, s.buf + 64 * i, 64, s.mr->lkey) == 0,
+			"ibv_post_recv");
+
+	/* 1: armed, asleep in ibv_get_cq_event (blocking; the watchdog
+	 * bounds it). */
+	REQUIRE(ibv_req_notify_cq(s.r.recv_cq, 0) == 0, "ibv_req_notify_cq");
+	ask(p, 0);
+	uint64_t t0 = t_now_ms();
+	struct ibv_cq *cq = NULL;
+	void *ctx = NULL;
+	int ret = ibv_get_cq_event(s.r.channel, &cq, &ctx);
+	uint64_t slept = t_now_ms() - t0;
+	REQUIRE(ret == 0, "ibv_get_cq_event: %d (errno %d)", ret, errno);
+	CHECK(cq == s.r.recv_cq, "event for CQ %p, expected the recv CQ %p", (void *)cq,
+	      (void *)s.r.recv_cq);
+	CHECK(ctx == &s.r, "cq_context %p, expected %p", ctx, (void *)&s.r);
+	CHECK(slept >= 100, "ibv_get_cq_event returned after %llu ms, before the send (sent after "
+	      "200 ms)", (unsigned long long)slept);
+	ibv_ack_cq_events(cq, 1);
+	t_expect_wc(s.r.recv_cq, NULL, 10, IBV_WC_SUCCESS, IBV_WC_RECV, "receive after its event");
+
+	/* 2: not re-armed: a completion arrives, no event. */
+	ask(p, 0);
+	t_expect_wc(s.r.recv_cq, NULL, 11, IBV_WC_SUCCESS, IBV_WC_RECV, "receive, CQ not armed");
+	CHECK(!t_fd_readable(s.r.channel->fd, 200), "an event arrived for a CQ that was not re-armed");
+
+	/* 3: re-armed: an event again. */
+	REQUIRE(ibv_req_notify_cq(s.r.recv_cq, 0) == 0, "ibv_req_notify_cq");
+	ask(p, 0);
+	t_wait_cq_event(s.r.channel, s.r.recv_cq, T_WAIT_MS);
+	t_expect_wc(s.r.recv_cq, NULL, 12, IBV_WC_SUCCESS, IBV_WC_RECV, "receive after re-arming");
+
+	t_send_u64(p, 0);
+	t_barrier(p);
+	side_close(&s);
+}
+
+/* ---- Solicited-only arming ---- */
+
+static void solicited_receiver(struct t_peer *p, void *arg)
+{
+	struct side s;
+	side_open(&s, true);
+	t_connect_pair(p, &s.r, s.mr, NULL);
+	for (int i = 0; i < 3; i++)
+		REQUIRE(t_post_recv(s.r.qp, 20u + (uint64_t)i, s.buf + 64 * i, 64, s.mr->lkey) == 0,
+			"ibv_post_recv");
+	REQUIRE(ibv_req_notify_cq(s.r.recv_cq, 1) == 0, "ibv_req_notify_cq(solicited_only = 1)");
+
+	/* An unsolicited SEND: it completes, but raises no event. */
+	ask(p, 0);
+	struct ibv_wc wc;
+	if (t_expect_wc(s.r.recv_cq, &wc, 20, IBV_WC_SUCCESS, IBV_WC_RECV, "unsolicited receive"))
+		CHECK(!(wc.wc_flags & IBV_WC_WITH_IMM), "wc_flags 0x%x", wc.wc_flags);
+	CHECK(!t_fd_readable(s.r.channel->fd, 300),
+	      "an unsolicited SEND raised an event on a CQ armed for solicited completions only");
+
+	/* A solicited SEND wakes it up. */
+	ask(p, IBV_SEND_SOLICITED);
+	if (t_wait_cq_event(s.r.channel, s.r.recv_cq, T_WAIT_MS))
+		t_expect_wc(s.r.recv_cq, &wc, 21, IBV_WC_SUCCESS, IBV_WC_RECV, "solicited receive");
+	else
+		t_poll(s.r.recv_cq, &wc, 1, 100);
+
+	/* Armed for everything, a solicited SEND raises an event too. */
+	REQUIRE(ibv_req_notify_cq(s.r.recv_cq, 0) == 0, "ibv_req_notify_cq(0)");
+	ask(p, IBV_SEND_SOLICITED);
+	if (t_wait_cq_event(s.r.channel, s.r.recv_cq, T_WAIT_MS))
+		t_expect_wc(s.r.recv_cq, &wc, 22, IBV_WC_SUCCESS, IBV_WC_RECV, "third receive");
+	t_send_u64(p, 0);
+	t_barrier(p);
+	side_close(&s);
+}
+
+/* ---- O_NONBLOCK channel fd ---- */
+
+static void nonblocking_receiver(struct t_peer *p, void *arg)
+{
+	struct side s;
+	side_open(&s, true);
+	t_connect_pair(p, &s.r, s.mr, NULL);
+	int fl = fcntl(s.r.channel->fd, F_GETFL);
+	REQUIRE(fl >= 0 && fcntl(s.r.channel->fd, F_SETFL, fl | O_NONBLOCK) == 0,
+		"fcntl(O_NONBLOCK) on the channel fd: %s", strerror(errno));
+	REQUIRE(t_post_recv(s.r.qp, 30, s.buf, 64, s.mr->lkey) == 0, "ibv_post_recv");
+	REQUIRE(ibv_req_notify_cq(s.r.recv_cq, 0) == 0, "ibv_req_notify_cq");
+
+	/* Nothing yet: the non-blocking get fails at once with EAGAIN (it
+	 * is a read() on the fd in rdma-core). */
+	struct ibv_cq *cq = NULL;
+	void *ctx = NULL;
+	uint64_t t0 = t_now_ms();
+	errno = 0;
+	int ret = ibv_get_cq_event(s.r.channel, &cq, &ctx);
+	int err = errno;
+	CHECK(ret == -1, "non-blocking ibv_get_cq_event with no event returned %d, expected -1", ret);
+	CHECK(err == EAGAIN || err == EWOULDBLOCK, "errno %d (%s), expected EAGAIN", err,
+	      strerror(err));
+	CHECK(t_now_ms() - t0 < 1000, "non-blocking ibv_get_cq_event blocked");
+	if (ret == 0)
+		ibv_ack_cq_events(cq, 1);
+
+	ask(p, 0);
+	/* poll() reports the event... */
+	struct pollfd pfd = {.fd = s.r.channel->fd, .events = POLLIN};
+	int r = poll(&pfd, 1, T_WAIT_MS);
+	CHECK(r == 1 && (pfd.revents & POLLIN), "poll(channel fd) returned %d revents 0x%x", r,
+	      pfd.revents);
+	/* ...and the non-blocking get then succeeds. */
+	ret = ibv_get_cq_event(s.r.channel, &cq, &ctx);
+	CHECK(ret == 0, "ibv_get_cq_event after POLLIN: %d (errno %d)", ret, errno);
+	if (ret == 0) {
+		CHECK(cq == s.r.recv_cq, "event for the wrong CQ");
+		ibv_ack_cq_events(cq, 1);
+	}
+	t_expect_wc(s.r.recv_cq, NULL, 30, IBV_WC_SUCCESS, IBV_WC_RECV, "receive");
+	/* Consumed: not readable any more. */
+	r = poll(&pfd, 1, 0);
+	CHECK(r == 0, "the channel fd is still readable after the event was consumed (%d)", r);
+	t_send_u64(p, 0);
+	t_barrier(p);
+	side_close(&s);
+}
+
+/* ---- An error (flush) completion raises an event, even solicited-only ---- */
+
+static void error_completion_event(void *arg)
+{
+	struct side s;
+	side_open(&s, true);
+	REQUIRE(t_modify_init(&s.r) == 0, "RESET->INIT");
+	REQUIRE(t_post_recv(s.r.qp, 50, s.buf, 64, s.mr->lkey) == 0, "ibv_post_recv");
+	REQUIRE(ibv_req_notify_cq(s.r.recv_cq, 1) == 0, "ibv_req_notify_cq(solicited_only = 1)");
+	REQUIRE(t_modify_state(s.r.qp, IBV_QPS_ERR) == 0, "-> ERR");
+	/* IB spec: a CQ armed for solicited completions is also triggered by
+	 * a completion in error. */
+	t_wait_cq_event(s.r.channel, s.r.recv_cq, T_WAIT_MS);
+	t_expect_wc(s.r.recv_cq, NULL, 50, IBV_WC_WR_FLUSH_ERR, -1, "flushed receive");
+	side_close(&s);
+}
+
+/* ---- Two CQs on one channel ---- */
+
+static void two_cqs_one_channel(void *arg)
+{
+	struct ibv_context *ctx = t_open_first_device();
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	REQUIRE(ch, "ibv_create_comp_channel");
+	int a, b;
+	struct ibv_cq *ca = ibv_create_cq(ctx, 8, &a, ch, 0);
+	struct ibv_cq *cb = ibv_create_cq(ctx, 8, &b, ch, 0);
+	REQUIRE(ca && cb, "ibv_create_cq");
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	REQUIRE(pd, "ibv_alloc_pd");
+	struct ibv_qp_init_attr ia = {.send_cq = ca, .recv_cq = cb, .qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = 4, .max_recv_wr = 4,
+					      .max_send_sge = 1, .max_recv_sge = 1}};
+	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+	REQUIRE(qp, "ibv_create_qp");
+	struct ibv_qp_attr at = {.qp_state = IBV_QPS_INIT, .port_num = 1};
+	REQUIRE(ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					      IBV_QP_ACCESS_FLAGS) == 0, "RESET->INIT");
+	REQUIRE(ibv_req_notify_cq(ca, 0) == 0 && ibv_req_notify_cq(cb, 0) == 0, "arm");
+	struct ibv_sge sge = {.addr = (uintptr_t)&a, .length = 0, .lkey = 0};
+	struct ibv_recv_wr rw = {.wr_id = 1, .sg_list = &sge, .num_sge = 0}, *bad;
+	REQUIRE(ibv_post_recv(qp, &rw, &bad) == 0, "ibv_post_recv");
+	REQUIRE(t_modify_state(qp, IBV_QPS_ERR) == 0, "-> ERR");
+	/* Only cb got a completion: exactly one event, naming cb. */
+	struct ibv_cq *cq = NULL;
+	void *cctx = NULL;
+	if (CHECK(t_fd_readable(ch->fd, T_WAIT_MS), "no event") &&
+	    CHECK(ibv_get_cq_event(ch, &cq, &cctx) == 0, "ibv_get_cq_event")) {
+		CHECK(cq == cb && cctx == &b, "the event names the wrong CQ");
+		ibv_ack_cq_events(cq, 1);
+	}
+	CHECK(!t_fd_readable(ch->fd, 100), "a second event arrived (the send CQ got nothing)");
+	struct ibv_wc wc;
+	CHECK(t_poll(cb, &wc, 1, T_WAIT_MS) == 1, "flushed receive missing");
+	CHECK(ibv_destroy_qp(qp) == 0, "ibv_destroy_qp");
+	CHECK(ibv_destroy_cq(ca) == 0 && ibv_destroy_cq(cb) == 0, "ibv_destroy_cq");
+	CHECK(ibv_destroy_comp_channel(ch) == 0, "ibv_destroy_comp_channel");
+	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
+	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
+}
+
+int main(int argc, char **argv)
+{
+	t_init(argc, argv);
+	t_pair("send_completion_event", send_event_parent, plain_receiver, NULL);
+	t_pair("receiver_sleeps_in_get_cq_event", sender, sleeping_receiver, NULL);
+	t_pair("solicited_only", sender, solicited_receiver, NULL);
+	t_pair("nonblocking_channel_fd", sender, nonblocking_receiver, NULL);
+	t_case("error_completion_wakes_solicited_only", error_completion_event, NULL);
+	t_case("two_cqs_one_channel", two_cqs_one_channel, NULL);
+	return t_finish();
+}

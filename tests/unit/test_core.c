@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: MIT
+/* Unit tests of the core's data structures: the shared MR table, span
+ * copies, and backing pages with the identity memfd. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "core/urdma.h"
+#include "transport/transport.h"
+
+static int failures, checks;
+#define CHECK(c)                                                               \
+	do {                                                                   \
+		checks++;                                                      \
+		if (!(c)) {                                                    \
+			failures++;                                            \
+			fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, \
+				__LINE__, #c);                                 \
+		}                                                              \
+	} while (0)
+
+static void test_mr_lookup(void)
+{
+	struct urdma_shm_ctx *shm = calloc(1, sizeof(*shm));
+	struct urdma_shm_mr *e = &shm->mr[5];
+	uint32_t key = (0x1234u << URDMA_MR_IDX_BITS) | 5;
+	uint64_t va = 0;
+
+	e->access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+	e->pd_id = 7;
+	e->iova = 0x10000;
+	e->length = 0x1000;
+	e->va = 0x7f0000;
+	atomic_store(&e->key, key);
+
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 0x1000, IBV_ACCESS_REMOTE_WRITE, 7, &va) == 0);
+	CHECK(va == 0x7f0000);
+	CHECK(urdma_mr_lookup(shm, key, 0x10010, 16, 0, 7, &va) == 0 && va == 0x7f0010);
+	/* a key with another tag, or a free slot */
+	CHECK(urdma_mr_lookup(shm, key ^ (1u << 20), 0x10000, 8, 0, 7, &va) == -EINVAL);
+	CHECK(urdma_mr_lookup(shm, 6, 0x10000, 8, 0, 7, &va) == -EINVAL);
+	CHECK(urdma_mr_lookup(shm, 0, 0x10000, 8, 0, 7, &va) == -EINVAL);
+	/* rights and PD */
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, IBV_ACCESS_REMOTE_READ, 7, &va) == -EACCES);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 8, &va) == -EACCES);
+	/* bounds, including overflow */
+	CHECK(urdma_mr_lookup(shm, key, 0xffff, 8, 0, 7, &va) == -ERANGE);
+	CHECK(urdma_mr_lookup(shm, key, 0x10ff9, 8, 0, 7, &va) == -ERANGE);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 0x1001, 0, 7, &va) == -ERANGE);
+	CHECK(urdma_mr_lookup(shm, key, 0x10008, UINT64_MAX, 0, 7, &va) == -ERANGE);
+	CHECK(urdma_mr_lookup(shm, key, UINT64_MAX - 3, 8, 0, 7, &va) == -ERANGE);
+	/* pages the owner unmapped */
+	atomic_store(&e->flags, URDMA_MR_F_UNMAPPED);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 7, &va) == -EFAULT);
+	free(shm);
+}
+
+static void test_copy_spans(void)
+{
+	uint8_t src[100], dst[100];
+	struct urdma_span s[3] = { { .len = 10, .ptr = src },
+				   { .len = 0, .ptr = src + 10 },
+				   { .len = 90, .ptr = src + 10 } };
+	struct urdma_span d[2] = { { .len = 33, .ptr = dst },
+				   { .len = 67, .ptr = dst + 33 } };
+
+	for (int i = 0; i < 100; i++)
+		src[i] = i;
+	memset(dst, 0xee, sizeof(dst));
+	CHECK(urdma_copy_spans(NULL, d, 2, NULL, s, 3, 100) == 0);
+	CHECK(memcmp(src, dst, 100) == 0);
+	/* more than the destination holds */
+	CHECK(urdma_copy_spans(NULL, d, 1, NULL, s, 3, 34) == -ERANGE);
+}
+
+static void test_backing(void)
+{
+	size_t len = 3 * 4096 + 100;
+	char *buf = malloc(len);
+	uint64_t avail = 0;
+	char *p;
+
+	CHECK(urdma_host_init() == 0);
+	memset(buf, 'a', len);
+	uint64_t start = (uintptr_t)buf & ~4095ull;
+	uint64_t end = ((uintptr_t)buf + len + 4095) & ~4095ull;
+	CHECK(urdma_host_back_range(start, end - start) == 0);
+	/* contents kept, and the library's window sees the same bytes */
+	CHECK(buf[0] == 'a' && buf[len - 1] == 'a');
+	p = urdma_self_ptr((uintptr_t)buf, &avail);
+	CHECK(p && avail >= len);
+	if (p) {
+		p[7] = 'z';
+		CHECK(buf[7] == 'z');
+		buf[9] = 'y';
+		CHECK(p[9] == 'y');
+	}
+	/* backing again is a no-op */
+	CHECK(urdma_host_back_range(start, end - start) == 0);
+	CHECK(buf[7] == 'z');
+	/* a hole is refused */
+	char *m = mmap(NULL, 3 * 4096, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	munmap(m + 4096, 4096);
+	CHECK(urdma_host_back_range((uintptr_t)m, 3 * 4096) == -EFAULT);
+	/* a shared mapping of another object is refused */
+	char *sh = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+			MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	CHECK(urdma_host_back_range((uintptr_t)sh, 4096) == -EOPNOTSUPP);
+	munmap(sh, 4096);
+	munmap(m, 4096);
+	munmap(m + 8192, 4096);
+	free(buf);
+}
+
+static void test_roundup(void)
+{
+	CHECK(roundup_pow2(1) == 1);
+	CHECK(roundup_pow2(3) == 4);
+	CHECK(roundup_pow2(4096) == 4096);
+	CHECK(roundup_pow2(4097) == 8192);
+}
+
+int main(void)
+{
+	test_mr_lookup();
+	test_copy_spans();
+	test_backing();
+	test_roundup();
+	printf("%d passed, %d failed\n", checks - failures, failures);
+	return failures ? 1 : 0;
+}
