@@ -12,6 +12,7 @@
  */
 #include <infiniband/verbs.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,10 +214,12 @@ int main(void)
 	       *(uint64_t *)(s.buf + 3072));
 	xfer(fd, "d", &go, 1);
 	int status;
+	bool read_ok = strcmp(s.buf + 2048, "written by RDMA WRITE") == 0;
+	bool add_ok = *(uint64_t *)(s.buf + 3072) == 5;
+
 	waitpid(pid, &status, 0);
 	teardown(&s);
-	if (!WIFEXITED(status) || WEXITSTATUS(status) ||
-	    strcmp(s.buf + 2048, "written by RDMA WRITE") != 0) {
+	if (!WIFEXITED(status) || WEXITSTATUS(status) || !read_ok || !add_ok) {
 		printf("demo FAILED\n");
 		return 1;
 	}

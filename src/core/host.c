@@ -483,9 +483,11 @@ static int back_range_locked(uint64_t start, uint64_t len)
 		if (v[i].ino == urdma_proc.memfd_ino && v[i].off == v[i].start)
 			continue;
 		while (done < e - s) {
-			ssize_t n = pwrite(urdma_proc.memfd,
-					   (void *)(s + done), e - s - done,
-					   s + done);
+			/* The raw syscall: whole pages are copied, including
+			 * bytes a sanitizer's pwrite() would call redzones. */
+			ssize_t n = syscall(SYS_pwrite64, urdma_proc.memfd,
+					    (void *)(s + done), e - s - done,
+					    s + done);
 			if (n <= 0) {
 				ret = n < 0 ? -errno : -EIO;
 				goto out;

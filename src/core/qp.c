@@ -277,6 +277,10 @@ static void sq_complete(struct urdma_qp *qp, struct urdma_swqe *wqe,
 	bool signaled = qp->sq_sig_all || (wqe->send_flags & IBV_SEND_SIGNALED);
 	struct ibv_wc wc;
 
+	if (status == IBV_WC_WR_FLUSH_ERR && qp->peer_lost) {
+		status = IBV_WC_RETRY_EXC_ERR;
+		qp->peer_lost = false;
+	}
 	if (status == IBV_WC_SUCCESS && !signaled) {
 		qp->unsignaled++;
 		return;
@@ -429,6 +433,9 @@ void urdma_qp_maintain(struct urdma_qp *qp)
 	else if (qp->peer && urdma_peer_dead(qp->peer) &&
 		 !atomic_exchange(&qp->peer_dead, true)) {
 		urdma_info("qp %#x: the peer process died", qp->ibqp.qp_num);
+		pthread_mutex_lock(&qp->sq_lock);
+		qp->peer_lost = qp->ibqp.state == IBV_QPS_RTS;
+		pthread_mutex_unlock(&qp->sq_lock);
 		urdma_qp_set_error(qp, true);
 	}
 	if (atomic_load(&s->notify_fired) && atomic_exchange(&s->notify_fired, 0))
@@ -782,6 +789,7 @@ static void reset_queues(struct urdma_qp *qp)
 	atomic_store(&s->error_req, 0);
 	atomic_store(&s->rnr_waiter, 0);
 	atomic_store(&qp->peer_dead, false);
+	qp->peer_lost = false;
 }
 
 int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)

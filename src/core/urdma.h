@@ -168,6 +168,9 @@ struct urdma_qp {
 	struct urdma_shm_qp *peer_qp;
 	size_t peer_qp_size;
 	_Atomic bool peer_dead;
+	/* The peer died while nothing was in flight: the first send WR to
+	 * fail afterwards reports RETRY_EXC_ERR, as on a wire. */
+	bool peer_lost;
 };
 
 static inline struct urdma_context *to_uctx(struct ibv_context *c)

@@ -433,9 +433,19 @@ static void killed_parent(struct t_peer *p, void *arg)
 		int ok = first_err < 0 ? got : first_err;
 		t_note("%d of %d WRITEs completed before the first error", ok, NSTREAM);
 	}
-	if (first_err >= 0)
-		t_note("first error completion: %s after %lu ms (real RC hardware: RETRY_EXC_ERR)",
-		       t_wc_status_str(wc[first_err].status), ms);
+	if (first_err >= 0) {
+		t_note("first error completion: %s after %lu ms", t_wc_status_str(wc[first_err].status),
+		       ms);
+		/* Real RC hardware: the WR that finds no living responder
+		 * completes with IBV_WC_RETRY_EXC_ERR once retry_cnt is
+		 * exhausted (the QP then goes to ERR and only the WRs behind it
+		 * are flushed). A bare FLUSH_ERR as the first error hides why
+		 * the connection failed. */
+		CHECK(wc[first_err].status == IBV_WC_RETRY_EXC_ERR,
+		      "the first failed WR (wr_id %llu) completed with %s; real RC hardware reports "
+		      "IBV_WC_RETRY_EXC_ERR for it and WR_FLUSH_ERR only for the WRs behind it",
+		      (unsigned long long)wc[first_err].wr_id, t_wc_status_str(wc[first_err].status));
+	}
 	int st = t_qp_state(r.qp);
 	CHECK(first_err < 0 || st == IBV_QPS_ERR, "QP is %s after an error completion",
 	      t_qp_state_str(st));
