@@ -125,6 +125,7 @@ pair() {
     fi
     wait "$spid"
     src=$?
+    printf 'exit status: server %s, client %s\n' "$src" "$crc" >>"$LOGS/$tag.cmd"
     [ "$crc" -eq 0 ] && [ "$src" -eq 0 ]
 }
 

@@ -64,8 +64,7 @@ static bool maintain_all(bool check_mrs)
 	list_for_each_entry(uctx, &ctxs, node) {
 		pthread_mutex_lock(&uctx->lock);
 		list_for_each_entry(qp, &uctx->qps, ctx_node) {
-			urdma_qp_maintain(qp);
-			pending |= qp->sq_pending;
+			pending |= urdma_qp_maintain(qp);
 		}
 		pthread_mutex_unlock(&uctx->lock);
 		if (check_mrs)
@@ -162,8 +161,6 @@ void urdma_progress_del_ctx(struct urdma_context *uctx)
 	pthread_mutex_unlock(&ctx_lock);
 	if (!last)
 		return;
-	/* Peers may still hold pidfds registered with epfd: the thread
-	 * stays until the process exits in that case. */
 	atomic_store(&stop, true);
 	urdma_progress_kick();
 	pthread_join(thread, NULL);

@@ -423,25 +423,52 @@ void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event)
 		urdma_async_event(qp->uctx, &ev);
 }
 
-/* Progress thread: requests from peers, and retries. */
-void urdma_qp_maintain(struct urdma_qp *qp)
+/*
+ * How long a QP with nothing in flight takes to notice a dead peer: what
+ * its retry limits would take on a wire (4.096 us * 2^timeout per try,
+ * retry_cnt + 1 tries; 1 s when timeout is 0 = infinite).  A peer that
+ * exits normally right after its last message must not flush receives
+ * whose completions the application has yet to poll.
+ */
+static uint64_t peer_loss_grace_ns(struct urdma_qp *qp)
+{
+	if (!qp->attr.timeout)
+		return 1000000000ull;
+	return (4096ull << qp->attr.timeout) * (qp->attr.retry_cnt + 1);
+}
+
+/* Progress thread: requests from peers, and retries.  Returns whether it
+ * wants to be called again soon. */
+bool urdma_qp_maintain(struct urdma_qp *qp)
 {
 	struct urdma_shm_qp *s = qp->shm;
+	bool again = false;
 
-	if (atomic_load(&s->error_req) && atomic_exchange(&s->error_req, 0))
+	if (atomic_load(&s->error_req) && atomic_exchange(&s->error_req, 0)) {
 		urdma_qp_set_error(qp, false);
-	else if (qp->peer && urdma_peer_dead(qp->peer) &&
-		 !atomic_exchange(&qp->peer_dead, true)) {
-		urdma_info("qp %#x: the peer process died", qp->ibqp.qp_num);
-		pthread_mutex_lock(&qp->sq_lock);
-		qp->peer_lost = qp->ibqp.state == IBV_QPS_RTS;
-		pthread_mutex_unlock(&qp->sq_lock);
-		urdma_qp_set_error(qp, true);
+	} else if (qp->peer && urdma_peer_dead(qp->peer) &&
+		   !atomic_load(&qp->peer_dead)) {
+		uint64_t now = urdma_now_ns();
+
+		if (!qp->peer_dead_ns)
+			qp->peer_dead_ns = now;
+		if (now - qp->peer_dead_ns >= peer_loss_grace_ns(qp)) {
+			atomic_store(&qp->peer_dead, true);
+			urdma_info("qp %#x: the peer process died",
+				   qp->ibqp.qp_num);
+			pthread_mutex_lock(&qp->sq_lock);
+			qp->peer_lost = qp->ibqp.state == IBV_QPS_RTS;
+			pthread_mutex_unlock(&qp->sq_lock);
+			urdma_qp_set_error(qp, true);
+		} else {
+			again = true;
+		}
 	}
 	if (atomic_load(&s->notify_fired) && atomic_exchange(&s->notify_fired, 0))
 		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
 	if (qp->sq_pending)
 		urdma_qp_progress(qp);
+	return again || qp->sq_pending;
 }
 
 /* ---- receive queue, owner side ---- */
@@ -701,10 +728,9 @@ static const struct qp_trans qp_trans[IBV_QPS_ERR + 1][IBV_QPS_ERR + 1] = {
 				  IBV_QP_PATH_MIG_STATE),
 	},
 	[IBV_QPS_RTS] = {
-		/* TIMEOUT: as current kernels allow (ack timeout in RTS). */
 		[IBV_QPS_RTS] = T(0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS |
 				     IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE |
-				     IBV_QP_MIN_RNR_TIMER | IBV_QP_TIMEOUT),
+				     IBV_QP_MIN_RNR_TIMER),
 		[IBV_QPS_SQD] = T(0, IBV_QP_EN_SQD_ASYNC_NOTIFY),
 	},
 	[IBV_QPS_SQD] = {
@@ -790,6 +816,7 @@ static void reset_queues(struct urdma_qp *qp)
 	atomic_store(&s->rnr_waiter, 0);
 	atomic_store(&qp->peer_dead, false);
 	qp->peer_lost = false;
+	qp->peer_dead_ns = 0;
 }
 
 int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)

@@ -171,6 +171,7 @@ struct urdma_qp {
 	/* The peer died while nothing was in flight: the first send WR to
 	 * fail afterwards reports RETRY_EXC_ERR, as on a wire. */
 	bool peer_lost;
+	uint64_t peer_dead_ns; /* when the progress thread saw it die */
 };
 
 static inline struct urdma_context *to_uctx(struct ibv_context *c)
@@ -259,7 +260,7 @@ void urdma_cq_notify(struct urdma_cq *cq);
 /* qp.c */
 void urdma_qp_progress(struct urdma_qp *qp);
 void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event);
-void urdma_qp_maintain(struct urdma_qp *qp);
+bool urdma_qp_maintain(struct urdma_qp *qp);
 int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max);
 
 /* progress.c */

@@ -193,7 +193,9 @@ run_pair() {
     PAIR_CLI_LOG=$base.client.log
     PAIR_SRV_RC=-1
     PAIR_CLI_RC=-1
+    PAIR_T0=${EPOCHREALTIME:-$SECONDS}
 
+    PAIR_SECS=""
     log "RUN server: $(q "${srv[@]}")"
     timeout -k 2 "$t" "${srv[@]}" >"$PAIR_SRV_LOG" 2>&1 &
     spid=$!
@@ -231,6 +233,7 @@ run_pair() {
     fi
     wait "$spid"
     PAIR_SRV_RC=$?
+    PAIR_SECS=$(awk -v a="$PAIR_T0" -v b="${EPOCHREALTIME:-$SECONDS}" 'BEGIN { printf "%.1f", b - a }')
     [ "$PAIR_SRV_RC" -eq 124 ] && log "  server timed out after ${t}s"
     [ "$PAIR_CLI_RC" -eq 124 ] && log "  client timed out after ${t}s"
     return 0
@@ -251,7 +254,7 @@ pair_result() {
         why="client output fails check $fn"
     fi
     if [ -z "$why" ]; then
-        pass "$name"
+        pass "$name (${PAIR_SECS:-?} s)"
         return 0
     fi
     fail "$name" "$why"

@@ -574,6 +574,155 @@ static void rereg_child(struct t_peer *p, void *arg)
 	free(b);
 }
 
+/* ---- A chain mixing every opcode: executed and completed in order ---- */
+
+static void mixed_parent(struct t_peer *p, void *arg)
+{
+	struct initiator in;
+	initiator_open(&in, 8192);
+	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	t_barrier(p); /* the target's receives are posted */
+	t_pattern_fill(in.buf, 100, 90);
+	memset(in.buf + 1000, 0, 200);
+	uint64_t *old = (uint64_t *)(void *)(in.buf + 2048);
+	*old = 0;
+	struct ibv_sge s_w = {(uintptr_t)in.buf, 100, in.mr->lkey};
+	struct ibv_sge s_r = {(uintptr_t)(in.buf + 1000), 100, in.mr->lkey};
+	struct ibv_sge s_a = {(uintptr_t)old, 8, in.mr->lkey};
+	struct ibv_sge s_s = {(uintptr_t)in.buf, 10, in.mr->lkey};
+	struct ibv_send_wr w[5];
+	memset(w, 0, sizeof(w));
+	/* 1: WRITE 100 bytes at +0 (unsignaled) */
+	w[0] = (struct ibv_send_wr){.wr_id = 1, .sg_list = &s_w, .num_sge = 1,
+				    .opcode = IBV_WR_RDMA_WRITE};
+	w[0].wr.rdma.remote_addr = in.remote.addr;
+	w[0].wr.rdma.rkey = in.remote.rkey;
+	/* 2: READ them back: the responder executes in order, so the READ
+	 * sees the WRITE before it. */
+	w[1] = (struct ibv_send_wr){.wr_id = 2, .sg_list = &s_r, .num_sge = 1,
+				    .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED};
+	w[1].wr.rdma.remote_addr = in.remote.addr;
+	w[1].wr.rdma.rkey = in.remote.rkey;
+	/* 3: FETCH_AND_ADD at +4096 (the target holds 40 there) */
+	w[2] = (struct ibv_send_wr){.wr_id = 3, .sg_list = &s_a, .num_sge = 1,
+				    .opcode = IBV_WR_ATOMIC_FETCH_AND_ADD,
+				    .send_flags = IBV_SEND_SIGNALED};
+	w[2].wr.atomic.remote_addr = in.remote.addr + 4096;
+	w[2].wr.atomic.rkey = in.remote.rkey;
+	w[2].wr.atomic.compare_add = 2;
+	/* 4: SEND 10 bytes */
+	w[3] = (struct ibv_send_wr){.wr_id = 4, .sg_list = &s_s, .num_sge = 1,
+				    .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
+	/* 5: WRITE_WITH_IMM, no data (num_sge 0, sg_list NULL) */
+	w[4] = (struct ibv_send_wr){.wr_id = 5, .num_sge = 0, .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+				    .send_flags = IBV_SEND_SIGNALED, .imm_data = htonl(5)};
+	w[4].wr.rdma.remote_addr = in.remote.addr;
+	w[4].wr.rdma.rkey = in.remote.rkey;
+	for (int i = 0; i < 4; i++)
+		w[i].next = &w[i + 1];
+	struct ibv_send_wr *bad = NULL;
+	REQUIRE(ibv_post_send(in.r.qp, &w[0], &bad) == 0, "post the mixed chain");
+	static const int ops[4] = {IBV_WC_RDMA_READ, IBV_WC_FETCH_ADD, IBV_WC_SEND,
+				   IBV_WC_RDMA_WRITE};
+	for (int i = 0; i < 4; i++) {
+		char what[48];
+		snprintf(what, sizeof(what), "mixed chain WR %d", i + 2);
+		t_expect_wc(in.r.send_cq, NULL, (uint64_t)i + 2, IBV_WC_SUCCESS, ops[i], what);
+	}
+	CHECK(t_pattern_check(in.buf + 1000, 100, 90) < 0,
+	      "the READ did not return the data of the WRITE posted before it");
+	CHECK(*old == 40, "FETCH_AND_ADD returned %llu, expected 40", (unsigned long long)*old);
+	CHECK(t_cq_drain(in.r.send_cq, NULL, 0, 20) == 0, "a completion for the unsignaled WRITE");
+	t_barrier(p);
+	t_barrier(p);
+	initiator_close(&in);
+}
+
+static void mixed_child(struct t_peer *p, void *arg)
+{
+	struct target t;
+	target_open(&t, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				      IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+	*(uint64_t *)(void *)(t.region + 4096) = 40;
+	t_connect_pair(p, &t.r, t.mr, NULL);
+	REQUIRE(t_post_recv(t.r.qp, 1, t.region + 6000, 64, t.mr->lkey) == 0, "ibv_post_recv");
+	/* A receive with no scatter list at all (num_sge 0, sg_list NULL). */
+	struct ibv_recv_wr rw = {.wr_id = 2, .sg_list = NULL, .num_sge = 0}, *rbad = NULL;
+	REQUIRE(ibv_post_recv(t.r.qp, &rw, &rbad) == 0, "ibv_post_recv(num_sge 0, sg_list NULL)");
+	t_barrier(p);
+	t_barrier(p);
+	t_expect_wc(t.r.recv_cq, NULL, 1, IBV_WC_SUCCESS, IBV_WC_RECV, "the chain's SEND");
+	t_expect_wc(t.r.recv_cq, NULL, 2, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM,
+		    "the chain's WRITE_WITH_IMM");
+	CHECK(t_pattern_check(t.region, 100, 90) < 0, "the chain's WRITE data is not in place");
+	CHECK(*(uint64_t *)(void *)(t.region + 4096) == 42, "the atomic left %llu, expected 42",
+	      (unsigned long long)*(uint64_t *)(void *)(t.region + 4096));
+	t_barrier(p);
+	target_close(&t);
+}
+
+/* ---- Many RDMA READs outstanding at once ---- */
+
+#define NREADS 32
+
+static void reads_parent(struct t_peer *p, void *arg)
+{
+	int depth = (int)(uintptr_t)arg;
+	struct t_opts o = t_opts_default();
+	struct t_res probe;
+	t_res_open(&probe, NULL);
+	int maxd = probe.dev_attr.max_qp_init_rd_atom;
+	t_res_close(&probe);
+	o.max_rd_atomic = (uint8_t)(depth < maxd ? depth : maxd);
+	o.max_send_wr = 2 * NREADS;
+	struct initiator in;
+	t_res_open(&in.r, &o);
+	in.len = NREADS * 4096;
+	in.buf = t_alloc(in.len);
+	in.mr = t_reg(&in.r, in.buf, in.len, IBV_ACCESS_LOCAL_WRITE);
+	t_send_u64(p, o.max_rd_atomic); /* the target uses it as max_dest_rd_atomic */
+	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	for (int i = 0; i < NREADS; i++) {
+		/* READ i fetches remote block (NREADS - 1 - i) */
+		int ret = t_post_send(in.r.qp, (uint64_t)i, IBV_WR_RDMA_READ, in.buf + 4096 * i, 4096,
+				      in.mr->lkey, IBV_SEND_SIGNALED,
+				      in.remote.addr + 4096u * (uint64_t)(NREADS - 1 - i), in.remote.rkey);
+		REQUIRE(ret == 0, "post READ #%d: %d", i, ret);
+	}
+	struct ibv_wc wc[NREADS];
+	int got = t_poll(in.r.send_cq, wc, NREADS, T_WAIT_MS);
+	CHECK(got == NREADS, "%d of %d READs completed (max_rd_atomic %u)", got, NREADS,
+	      o.max_rd_atomic);
+	for (int i = 0; i < got; i++) {
+		CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)i &&
+			      wc[i].opcode == IBV_WC_RDMA_READ,
+		      "READ completion %d: %s wr_id %llu opcode %s", i, t_wc_status_str(wc[i].status),
+		      (unsigned long long)wc[i].wr_id, t_wc_opcode_str(wc[i].opcode));
+		long bad = t_pattern_check(in.buf + 4096 * i, 4096, 500u + (unsigned)(NREADS - 1 - i));
+		CHECK(bad < 0, "READ %d: data differs at %ld", i, bad);
+	}
+	t_barrier(p);
+	initiator_close(&in);
+}
+
+static void reads_child(struct t_peer *p, void *arg)
+{
+	struct t_opts o = t_opts_default();
+	o.max_rd_atomic = (uint8_t)t_recv_u64(p, T_WAIT_MS);
+	struct target t;
+	t_res_open(&t.r, &o);
+	t.len = NREADS * 4096;
+	t.mem = t_alloc(t.len + 2 * GUARD);
+	memset(t.mem, CANARY, t.len + 2 * GUARD);
+	t.region = t.mem + GUARD;
+	for (int i = 0; i < NREADS; i++)
+		t_pattern_fill(t.region + 4096 * i, 4096, 500u + (unsigned)i);
+	t.mr = t_reg(&t.r, t.region, t.len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+	t_connect_pair(p, &t.r, t.mr, NULL);
+	t_barrier(p);
+	target_close(&t);
+}
+
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
@@ -585,5 +734,8 @@ int main(int argc, char **argv)
 	t_pair("atomics", atomic_parent, atomic_child, NULL);
 	t_pair("iova_mr_remote_access", iova_parent, iova_child, NULL);
 	t_pair("rereg_mr_remote_write", rereg_parent, rereg_child, NULL);
+	t_pair("mixed_opcode_chain", mixed_parent, mixed_child, NULL);
+	t_pair("outstanding_reads_depth1", reads_parent, reads_child, (void *)1);
+	t_pair("outstanding_reads_depth16", reads_parent, reads_child, (void *)16);
 	return t_finish();
 }

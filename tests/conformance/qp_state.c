@@ -318,6 +318,24 @@ static void disallowed_attributes(void *arg)
 	ret = ibv_modify_qp(f.r.qp, &a, RTR_MASK | IBV_QP_RETRY_CNT);
 	CHECK(ret == EINVAL, "INIT->RTR with IBV_QP_RETRY_CNT: %d, expected EINVAL", ret);
 	expect_state(f.r.qp, IBV_QPS_INIT, "after INIT->RTR with IBV_QP_RETRY_CNT");
+	/* The local ACK timeout is set at RTR->RTS only: the kernel's
+	 * qp_state_table has no IB_QP_TIMEOUT among the RC RTS->RTS optional
+	 * attributes, so real devices refuse it with EINVAL. */
+	REQUIRE(t_modify_state(f.r.qp, IBV_QPS_RESET) == 0, "INIT->RESET");
+	bring_to(&f, IBV_QPS_RTR);
+	a = rts_attr(&f);
+	ret = ibv_modify_qp(f.r.qp, &a, RTS_MASK);
+	REQUIRE(ret == 0, "RTR->RTS: %d", ret);
+	struct ibv_qp_attr m = {.qp_state = IBV_QPS_RTS, .timeout = 20};
+	ret = ibv_modify_qp(f.r.qp, &m, IBV_QP_STATE | IBV_QP_TIMEOUT);
+	CHECK(ret == EINVAL, "RTS->RTS with IBV_QP_TIMEOUT: %d, expected EINVAL", ret);
+	expect_state(f.r.qp, IBV_QPS_RTS, "after RTS->RTS with IBV_QP_TIMEOUT");
+	struct ibv_qp_attr q;
+	struct ibv_qp_init_attr qi;
+	memset(&q, 0, sizeof(q));
+	if (ibv_query_qp(f.r.qp, &q, IBV_QP_TIMEOUT, &qi) == 0)
+		CHECK(q.timeout == 14, "timeout is %u after the refused RTS->RTS, expected 14 (as set "
+		      "at RTR->RTS)", q.timeout);
 	fixture_close(&f);
 }
 

@@ -50,6 +50,7 @@ static const uint32_t sizes[] = {0, 1, 4096, MiB, 4097, 1000, 65537};
 struct sizes_arg {
 	bool imm;
 	bool use_gid;
+	enum ibv_mtu mtu; /* 0: the harness default (1024) */
 };
 
 static uint32_t imm_for(size_t i) { return 0x12345600u + (uint32_t)i; }
@@ -83,6 +84,8 @@ static void sizes_parent(struct t_peer *p, void *argp)
 	const struct sizes_arg *arg = argp;
 	struct t_opts o = t_opts_default();
 	o.use_gid = arg->use_gid;
+	if (arg->mtu)
+		o.path_mtu = arg->mtu;
 	struct side s;
 	side_open(&s, &o, MiB);
 	if (!connect_maybe_dlid(p, &s)) {
@@ -118,6 +121,8 @@ static void sizes_child(struct t_peer *p, void *argp)
 	const struct sizes_arg *arg = argp;
 	struct t_opts o = t_opts_default();
 	o.use_gid = arg->use_gid;
+	if (arg->mtu)
+		o.path_mtu = arg->mtu;
 	struct side s;
 	side_open(&s, &o, MiB + 4096);
 	if (!connect_maybe_dlid(p, &s)) {
@@ -673,15 +678,83 @@ static void small_child(struct t_peer *p, void *arg)
 	side_close(&s);
 }
 
+/* ------------------------------------------------------------------ */
+/* ibv_resize_cq keeps the completions already in the CQ               */
+/* ------------------------------------------------------------------ */
+
+#define NRESIZE 10
+
+static void resize_parent(struct t_peer *p, void *arg)
+{
+	struct side s;
+	side_open(&s, NULL, 4096);
+	t_connect_pair(p, &s.r, s.mr, NULL);
+	t_barrier(p); /* receives posted */
+	for (int i = 0; i < NRESIZE; i++) {
+		s.buf[i] = (char)(i + 1);
+		REQUIRE(t_post_send(s.r.qp, (uint64_t)i, IBV_WR_SEND, s.buf + i, 1, s.mr->lkey,
+				    IBV_SEND_SIGNALED, 0, 0) == 0, "ibv_post_send");
+	}
+	struct ibv_wc wc[NRESIZE];
+	CHECK(t_poll(s.r.send_cq, wc, NRESIZE, T_WAIT_MS) == NRESIZE, "sends did not complete");
+	t_barrier(p);
+	t_barrier(p);
+	side_close(&s);
+}
+
+static void resize_child(struct t_peer *p, void *arg)
+{
+	struct t_opts o = t_opts_default();
+	o.separate_cqs = true;
+	o.cq_size = 16;
+	struct side s;
+	side_open(&s, &o, 4096);
+	t_connect_pair(p, &s.r, s.mr, NULL);
+	for (int i = 0; i < NRESIZE; i++)
+		REQUIRE(t_post_recv(s.r.qp, (uint64_t)i, s.buf + 64 * i, 64, s.mr->lkey) == 0,
+			"ibv_post_recv");
+	t_barrier(p);
+	t_barrier(p); /* all sent: NRESIZE completions sit unpolled in the CQ */
+	/* Wait until they are all there without polling: the QP's receive
+	 * queue has been consumed when the last message's data is in place. */
+	uint64_t end = t_now_ms() + T_WAIT_MS;
+	while (s.buf[64 * (NRESIZE - 1)] != (char)NRESIZE && t_now_ms() < end)
+		t_sleep_ms(1);
+	t_sleep_ms(20);
+	/* Larger: nothing is lost. */
+	int ret = ibv_resize_cq(s.r.recv_cq, 200);
+	CHECK(ret == 0, "ibv_resize_cq(200) with %d unpolled completions: %d", NRESIZE, ret);
+	if (ret == 0)
+		CHECK(s.r.recv_cq->cqe >= 200, "cq->cqe %d after resize to 200", s.r.recv_cq->cqe);
+	/* Below the number of unpolled entries: not allowed (ibv_resize_cq(3):
+	 * "cqe must be at least the number of unpolled entries"); either
+	 * refused, or accepted without dropping anything. */
+	ret = ibv_resize_cq(s.r.recv_cq, 4);
+	if (ret == 0)
+		CHECK(s.r.recv_cq->cqe >= NRESIZE, "resize to 4 accepted with %d unpolled entries and "
+		      "cq->cqe is now %d", NRESIZE, s.r.recv_cq->cqe);
+	struct ibv_wc wc[NRESIZE];
+	int got = t_poll(s.r.recv_cq, wc, NRESIZE, T_WAIT_MS);
+	CHECK(got == NRESIZE, "%d of %d completions survived ibv_resize_cq", got, NRESIZE);
+	for (int i = 0; i < got; i++)
+		CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)i,
+		      "completion %d after resize: %s wr_id %llu", i, t_wc_status_str(wc[i].status),
+		      (unsigned long long)wc[i].wr_id);
+	t_barrier(p);
+	side_close(&s);
+}
+
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
 	static struct sizes_arg plain = {.imm = false, .use_gid = true};
 	static struct sizes_arg imm = {.imm = true, .use_gid = true};
 	static struct sizes_arg dlid = {.imm = false, .use_gid = false};
+	static struct sizes_arg mtu4096 = {.imm = false, .use_gid = true, .mtu = IBV_MTU_4096};
 	t_pair("send_recv_sizes", sizes_parent, sizes_child, &plain);
 	t_pair("send_with_imm_sizes", sizes_parent, sizes_child, &imm);
 	t_pair("send_recv_dlid_only", sizes_parent, sizes_child, &dlid);
+	t_pair("send_recv_mtu4096", sizes_parent, sizes_child, &mtu4096);
 	t_pair("scatter_gather", sg_parent, sg_child, NULL);
 	t_pair("inline_send", inline_parent, inline_child, NULL);
 	t_pair("unsignaled_sends", unsig_parent, unsig_child, NULL);
@@ -689,5 +762,6 @@ int main(int argc, char **argv)
 	t_pair("rc_ordering", order_parent, order_child, NULL);
 	t_pair("send_before_peer_ready", early_parent, early_child, NULL);
 	t_pair("recv_buffer_too_small", small_parent, small_child, NULL);
+	t_pair("cq_resize_keeps_completions", resize_parent, resize_child, NULL);
 	return t_finish();
 }
