@@ -225,14 +225,15 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 
 /* Complete every receive WR not yet completed with FLUSH_ERR.  Deliverers
  * are out: the shared state is ERR and rq_quiesce() ran. */
-static void rq_flush(struct urdma_qp *qp)
+static uint32_t rq_flush(struct urdma_qp *qp)
 {
 	struct urdma_shm_qp *s = qp->shm;
-	uint32_t done, prod;
+	uint32_t done, prod, n;
 
 	pthread_mutex_lock(&qp->rq_lock);
 	done = atomic_load(&s->rq_done);
 	prod = atomic_load(&s->rq_prod);
+	n = prod - done;
 	for (; done != prod; done++) {
 		struct urdma_shm_rqe *e = urdma_rqe(s, done);
 
@@ -243,6 +244,7 @@ static void rq_flush(struct urdma_qp *qp)
 	}
 	atomic_store_explicit(&s->rq_done, done, memory_order_release);
 	pthread_mutex_unlock(&qp->rq_lock);
+	return n;
 }
 
 /* Move to ERR.  Called with sq_lock held; the engine flushes the SQ. */
@@ -254,12 +256,9 @@ static void qp_enter_error(struct urdma_qp *qp)
 	qp->attr.qp_state = IBV_QPS_ERR;
 	atomic_store(&qp->shm->state, URDMA_SQPS_ERR);
 	rq_quiesce(qp);
-	rq_flush(qp);
-	if (!was_error) {
+	if (!was_error)
 		urdma_dbg("qp %#x -> ERR", qp->ibqp.qp_num);
-		/* Flushed receives are completions: wake an armed CQ. */
-		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
-	}
+	/* sq_run() flushes the receive queue after the send queue. */
 }
 
 static void sq_complete(struct urdma_qp *qp, struct urdma_swqe *wqe,
@@ -391,6 +390,10 @@ static void sq_run(struct urdma_qp *qp)
 		}
 	}
 	sq_set_pending(qp, false);
+	/* In ERR: send errors and flushes are in the CQ; now the receives.
+	 * Flushed receives are completions: wake an armed CQ. */
+	if (qp->ibqp.state == IBV_QPS_ERR && rq_flush(qp))
+		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
 }
 
 void urdma_qp_progress(struct urdma_qp *qp)
@@ -648,8 +651,9 @@ int urdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 		} else {
 			w->inline_len = 0;
 			w->num_sge = wr->num_sge;
-			memcpy(w->sge, wr->sg_list,
-			       wr->num_sge * sizeof(struct ibv_sge));
+			if (wr->num_sge) /* sg_list may be NULL then */
+				memcpy(w->sge, wr->sg_list,
+				       wr->num_sge * sizeof(struct ibv_sge));
 		}
 		qp->sq_tail++;
 	}

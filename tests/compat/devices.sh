@@ -5,7 +5,7 @@
 #   with active_mtu 4096; ibv_asyncwatch starts and keeps waiting for events.
 # Usage: devices.sh BUILD_DIR     (exit 0 pass, 1 fail, 77 skip)
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=common.sh
+# shellcheck source-path=SCRIPTDIR source=common.sh
 . "$HERE/common.sh"
 compat_init "${1:-}"
 need_cmd ibv_devices ibverbs-utils

@@ -6,7 +6,7 @@
 # print its results table (a numeric row under the "#bytes" header).
 # Usage: perftest.sh BUILD_DIR     (exit 0 pass, 1 fail, 77 skip)
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=common.sh
+# shellcheck source-path=SCRIPTDIR source=common.sh
 . "$HERE/common.sh"
 compat_init "${1:-}"
 need_cmd ib_send_lat perftest

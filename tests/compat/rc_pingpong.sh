@@ -6,7 +6,7 @@
 # IPv4-mapped ::ffff:127.0.0.1 GID> (RoCE v2 addressing).
 # Usage: rc_pingpong.sh BUILD_DIR     (exit 0 pass, 1 fail, 77 skip)
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=common.sh
+# shellcheck source-path=SCRIPTDIR source=common.sh
 . "$HERE/common.sh"
 compat_init "${1:-}"
 need_cmd ibv_rc_pingpong ibverbs-utils

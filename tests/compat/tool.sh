@@ -4,7 +4,7 @@
 # Usage: tool.sh BUILD_DIR     (exit 0 pass, 1 fail)
 # shellcheck disable=SC2016  # the single-quoted $LD_LIBRARY_PATH is for sh -c
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=common.sh
+# shellcheck source-path=SCRIPTDIR source=common.sh
 . "$HERE/common.sh"
 compat_init "${1:-}"
 
