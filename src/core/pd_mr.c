@@ -186,24 +186,21 @@ int urdma_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd,
 
 	/* Input rules of rdma-core's ibv_rereg_mr: nothing given that the
 	 * flags don't ask to change. */
-	errno = EINVAL;
 	if (!flags || flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION |
 				IBV_REREG_MR_CHANGE_PD |
-				IBV_REREG_MR_CHANGE_ACCESS))
+				IBV_REREG_MR_CHANGE_ACCESS) ||
+	    ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) ?
+		     (!addr || !length || length > URDMA_MAX_MR_SIZE ||
+		      va + length < va) :
+		     (addr || length)) ||
+	    (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS)) ||
+	    ((flags & IBV_REREG_MR_CHANGE_ACCESS) && check_access(access)) ||
+	    ((flags & IBV_REREG_MR_CHANGE_PD) &&
+	     (!ibpd || ibpd->context != ibmr->context))) {
+		errno = EINVAL;
 		return IBV_REREG_MR_ERR_INPUT;
-	if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? (!addr || !length) :
-							(addr || length))
-		return IBV_REREG_MR_ERR_INPUT;
-	if (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS))
-		return IBV_REREG_MR_ERR_INPUT;
-	if ((flags & IBV_REREG_MR_CHANGE_ACCESS) && check_access(access))
-		return IBV_REREG_MR_ERR_INPUT;
-	if ((flags & IBV_REREG_MR_CHANGE_PD) &&
-	    (!ibpd || ibpd->context != ibmr->context))
-		return IBV_REREG_MR_ERR_INPUT;
+	}
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
-		if (!length || length > URDMA_MAX_MR_SIZE || va + length < va)
-			return IBV_REREG_MR_ERR_INPUT;
 		ret = urdma_host_back_range(PAGE_DOWN(va), PAGE_UP(va + length) -
 								   PAGE_DOWN(va));
 		if (ret) {
@@ -224,7 +221,6 @@ int urdma_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd,
 		ibmr->pd = ibpd;
 	}
 	mr_publish(mr, to_upd(ibmr->pd)->id);
-	errno = 0;
 	return 0;
 }
 

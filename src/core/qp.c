@@ -276,10 +276,6 @@ static void sq_complete(struct urdma_qp *qp, struct urdma_swqe *wqe,
 	bool signaled = qp->sq_sig_all || (wqe->send_flags & IBV_SEND_SIGNALED);
 	struct ibv_wc wc;
 
-	if (status == IBV_WC_WR_FLUSH_ERR && qp->peer_lost) {
-		status = IBV_WC_RETRY_EXC_ERR;
-		qp->peer_lost = false;
-	}
 	if (status == IBV_WC_SUCCESS && !signaled) {
 		qp->unsignaled++;
 		return;
@@ -431,7 +427,9 @@ void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event)
  * its retry limits would take on a wire (4.096 us * 2^timeout per try,
  * retry_cnt + 1 tries; 1 s when timeout is 0 = infinite).  A peer that
  * exits normally right after its last message must not flush receives
- * whose completions the application has yet to poll.
+ * whose completions the application has yet to poll.  A send WR that meets
+ * the dead peer meanwhile fails at once with RETRY_EXC_ERR (the engine's
+ * sq_retry_exceeded), and the ones behind it are flushed.
  */
 static uint64_t peer_loss_grace_ns(struct urdma_qp *qp)
 {
@@ -459,9 +457,6 @@ bool urdma_qp_maintain(struct urdma_qp *qp)
 			atomic_store(&qp->peer_dead, true);
 			urdma_info("qp %#x: the peer process died",
 				   qp->ibqp.qp_num);
-			pthread_mutex_lock(&qp->sq_lock);
-			qp->peer_lost = qp->ibqp.state == IBV_QPS_RTS;
-			pthread_mutex_unlock(&qp->sq_lock);
 			urdma_qp_set_error(qp, true);
 		} else {
 			again = true;
@@ -819,7 +814,6 @@ static void reset_queues(struct urdma_qp *qp)
 	atomic_store(&s->error_req, 0);
 	atomic_store(&s->rnr_waiter, 0);
 	atomic_store(&qp->peer_dead, false);
-	qp->peer_lost = false;
 	qp->peer_dead_ns = 0;
 }
 

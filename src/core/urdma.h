@@ -168,9 +168,6 @@ struct urdma_qp {
 	struct urdma_shm_qp *peer_qp;
 	size_t peer_qp_size;
 	_Atomic bool peer_dead;
-	/* The peer died while nothing was in flight: the first send WR to
-	 * fail afterwards reports RETRY_EXC_ERR, as on a wire. */
-	bool peer_lost;
 	uint64_t peer_dead_ns; /* when the progress thread saw it die */
 };
 

@@ -682,6 +682,19 @@ void t_connect_pair(struct t_peer *p, struct t_res *r, const struct ibv_mr *mr,
 		*remote = rem;
 }
 
+void t_passive_target(struct t_peer *p, size_t len, unsigned int access,
+		      int timeout_ms)
+{
+	struct t_res r;
+	t_res_open(&r, NULL);
+	char *buf = t_alloc(len);
+	struct ibv_mr *mr = t_reg(&r, buf, len, access);
+	t_connect_pair(p, &r, mr, NULL);
+	t_barrier_timeout(p, timeout_ms);
+	t_res_close(&r);
+	free(buf);
+}
+
 int t_qp_state(struct ibv_qp *qp)
 {
 	struct ibv_qp_attr a;

@@ -196,6 +196,12 @@ void t_connect(struct t_res *r, const struct t_conn *remote);
 void t_connect_pair(struct t_peer *p, struct t_res *r, const struct ibv_mr *mr,
 		    struct t_conn *remote);
 
+/* The whole life of a passive target: open resources, register len bytes
+ * with `access`, connect, then sleep in a barrier (up to timeout_ms) while
+ * the other side works on its memory; then tear down. */
+void t_passive_target(struct t_peer *p, size_t len, unsigned int access,
+		      int timeout_ms);
+
 /* Current state of the QP as ibv_query_qp reports it, or -1 on error. */
 int t_qp_state(struct ibv_qp *qp);
 /* Moves the QP to a state with only IBV_QP_STATE; returns the errno. */

@@ -568,15 +568,8 @@ static void sq_overflow_parent(struct t_peer *p, void *arg)
 
 static void sq_overflow_child(struct t_peer *p, void *arg)
 {
-	struct t_res r;
-	t_res_open(&r, NULL);
-	char *buf = t_alloc(4096);
-	struct ibv_mr *mr = t_reg(&r, buf, 4096,
-				  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-	t_connect_pair(p, &r, mr, NULL);
-	t_barrier(p); /* passive target: sleeps while the parent writes */
-	t_res_close(&r);
-	free(buf);
+	/* sleeps while the parent writes */
+	t_passive_target(p, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, T_WAIT_MS);
 }
 
 int main(int argc, char **argv)

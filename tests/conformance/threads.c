@@ -316,14 +316,8 @@ static void mt_poll_parent(struct t_peer *p, void *arg)
 
 static void mt_poll_child(struct t_peer *p, void *arg)
 {
-	struct t_res r;
-	t_res_open(&r, NULL);
-	char *buf = t_alloc(4096);
-	struct ibv_mr *mr = t_reg(&r, buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-	t_connect_pair(p, &r, mr, NULL);
-	t_barrier_timeout(p, DEADLINE_MS + 5000); /* a passive target */
-	t_res_close(&r);
-	free(buf);
+	t_passive_target(p, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+			 DEADLINE_MS + 5000);
 }
 
 int main(int argc, char **argv)
