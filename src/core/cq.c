@@ -173,13 +173,32 @@ struct ibv_cq *urdma_create_cq(struct ibv_context *context, int cqe,
 	return &cq->ibcq;
 }
 
+/* Move the private ring to one of `size` entries (a power of two that holds
+ * every entry).  Called with cq->lock held. */
+static int cq_ring_resize_locked(struct urdma_cq *cq, uint32_t size)
+{
+	uint32_t n = cq->tail - cq->head;
+	struct urdma_cqe *ring = calloc(size, sizeof(*ring));
+
+	if (!ring)
+		return ENOMEM;
+	for (uint32_t i = 0; i < n; i++)
+		ring[i] = cq->ring[(cq->head + i) & (cq->size - 1)];
+	free(cq->ring);
+	cq->ring = ring;
+	cq->size = size;
+	cq->head = 0;
+	cq->tail = n;
+	return 0;
+}
+
 int urdma_resize_cq(struct ibv_cq *ibcq, int cqe)
 {
 	struct urdma_cq *cq = to_ucq(ibcq);
-	struct urdma_cqe *ring;
 	struct urdma_qp *qp;
 	uint32_t size, n;
 	uint64_t pending;
+	int ret;
 
 	if (cqe < 1 || cqe > URDMA_MAX_CQE)
 		return EINVAL;
@@ -194,21 +213,11 @@ int urdma_resize_cq(struct ibv_cq *ibcq, int cqe)
 		pthread_mutex_unlock(&cq->lock);
 		return EINVAL;
 	}
-	ring = calloc(size, sizeof(*ring));
-	if (!ring) {
-		pthread_mutex_unlock(&cq->lock);
-		return ENOMEM;
-	}
-	for (uint32_t i = 0; i < n; i++)
-		ring[i] = cq->ring[(cq->head + i) & (cq->size - 1)];
-	free(cq->ring);
-	cq->ring = ring;
-	cq->size = size;
-	cq->head = 0;
-	cq->tail = n;
-	ibcq->cqe = size;
+	ret = cq_ring_resize_locked(cq, size);
+	if (!ret)
+		ibcq->cqe = size;
 	pthread_mutex_unlock(&cq->lock);
-	return 0;
+	return ret;
 }
 
 int urdma_destroy_cq(struct ibv_cq *ibcq)
@@ -255,25 +264,28 @@ int urdma_destroy_cq(struct ibv_cq *ibcq)
 	return 0;
 }
 
-bool urdma_cq_has_room(struct urdma_cq *cq)
-{
-	bool room;
-
-	pthread_mutex_lock(&cq->lock);
-	room = cq->tail - cq->head < cq->size;
-	pthread_mutex_unlock(&cq->lock);
-	return room;
-}
-
-bool urdma_cq_push(struct urdma_cq *cq, const struct ibv_wc *wc,
+/*
+ * Add a send completion.  No room check is needed before executing a WR:
+ * the ring holds at most the outstanding WRs of its QPs (a WR retires only
+ * when its completion is polled), and when that is more than the CQ was
+ * sized for, the ring grows rather than lose one.  Only if memory runs out
+ * is the completion lost, reported as a CQ overrun (IBV_EVENT_CQ_ERR).
+ */
+void urdma_cq_push(struct urdma_cq *cq, const struct ibv_wc *wc,
 		   struct urdma_qp *qp, uint32_t retire)
 {
 	struct urdma_cqe *e;
 
 	pthread_mutex_lock(&cq->lock);
-	if (cq->tail - cq->head >= cq->size) {
+	if (cq->tail - cq->head >= cq->size &&
+	    cq_ring_resize_locked(cq, cq->size * 2)) {
+		struct ibv_async_event ev = { .element.cq = &cq->ibcq,
+					      .event_type = IBV_EVENT_CQ_ERR };
+
 		pthread_mutex_unlock(&cq->lock);
-		return false;
+		urdma_err("cq overrun: out of memory, a completion is lost");
+		urdma_async_event(to_uctx(cq->ibcq.context), &ev);
+		return;
 	}
 	e = &cq->ring[cq->tail & (cq->size - 1)];
 	e->wc = *wc;
@@ -286,7 +298,6 @@ bool urdma_cq_push(struct urdma_cq *cq, const struct ibv_wc *wc,
 	    (cq->armed && wc->status != IBV_WC_SUCCESS))
 		cq_fire_locked(cq);
 	pthread_mutex_unlock(&cq->lock);
-	return true;
 }
 
 /* A peer delivered into one of our receive queues while armed. */

@@ -286,7 +286,6 @@ static void sq_complete(struct urdma_qp *qp, struct urdma_swqe *wqe,
 	wc.opcode = wc_opcode[wqe->opcode];
 	wc.byte_len = wqe->byte_len;
 	wc.qp_num = qp->ibqp.qp_num;
-	/* The CQ has room: the engine checked before executing. */
 	urdma_cq_push(to_ucq(qp->ibqp.send_cq), &wc, qp, qp->unsignaled + 1);
 	qp->unsignaled = 0;
 }
@@ -351,17 +350,11 @@ static void sq_set_pending(struct urdma_qp *qp, bool pending)
 /* The engine: run WRs from the head of the SQ.  Called with sq_lock. */
 static void sq_run(struct urdma_qp *qp)
 {
-	struct urdma_cq *scq = to_ucq(qp->ibqp.send_cq);
-
 	while (qp->sq_head != qp->sq_tail) {
 		struct urdma_swqe *wqe = sq_slot(qp, qp->sq_head);
 		enum ibv_wc_status status = IBV_WC_SUCCESS;
 		enum urdma_tx r;
 
-		if (!urdma_cq_has_room(scq)) {
-			sq_set_pending(qp, true);
-			return;
-		}
 		if (qp->ibqp.state == IBV_QPS_ERR) {
 			sq_complete(qp, wqe, IBV_WC_WR_FLUSH_ERR);
 			qp->sq_head++;

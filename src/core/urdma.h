@@ -249,9 +249,8 @@ void urdma_async_event(struct urdma_context *uctx, struct ibv_async_event *ev);
 void urdma_mrs_check(struct urdma_context *uctx);
 
 /* cq.c */
-bool urdma_cq_push(struct urdma_cq *cq, const struct ibv_wc *wc,
+void urdma_cq_push(struct urdma_cq *cq, const struct ibv_wc *wc,
 		   struct urdma_qp *qp, uint32_t retire);
-bool urdma_cq_has_room(struct urdma_cq *cq);
 void urdma_cq_notify(struct urdma_cq *cq);
 
 /* qp.c */

@@ -723,6 +723,48 @@ static void reads_child(struct t_peer *p, void *arg)
 	target_close(&t);
 }
 
+/* ---- More signaled WRs in flight than the CQ has entries ----
+ * Nothing in the verbs spec lets a CQ overrun lose a completion silently;
+ * urdma never loses one: all 64 WRITE completions arrive, in order, from a
+ * CQ created with 4 entries whose size the application sees unchanged. */
+#define NSMALLCQ 64
+static void small_cq_parent(struct t_peer *p, void *arg)
+{
+	struct t_opts o = t_opts_default();
+	o.cq_size = 4;
+	o.max_send_wr = NSMALLCQ;
+	struct t_res r;
+	t_res_open(&r, &o);
+	char *buf = t_alloc(4096);
+	struct ibv_mr *mr = t_reg(&r, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct t_conn remote;
+	t_connect_pair(p, &r, mr, &remote);
+	int cqe = r.send_cq->cqe;
+	for (int i = 0; i < NSMALLCQ; i++)
+		REQUIRE(t_post_send(r.qp, (uint64_t)i, IBV_WR_RDMA_WRITE, buf + 8 * i, 8, mr->lkey,
+				    IBV_SEND_SIGNALED, remote.addr + 8u * (uint64_t)i,
+				    remote.rkey) == 0, "post WRITE #%d with no poll in between", i);
+	struct ibv_wc wc[NSMALLCQ];
+	int got = t_poll(r.send_cq, wc, NSMALLCQ, T_WAIT_MS);
+	CHECK(got == NSMALLCQ, "%d of %d WRITE completions from a CQ of %d entries", got,
+	      NSMALLCQ, cqe);
+	for (int i = 0; i < got; i++)
+		CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)i &&
+			      wc[i].opcode == IBV_WC_RDMA_WRITE,
+		      "completion %d: %s wr_id %llu", i, t_wc_status_str(wc[i].status),
+		      (unsigned long long)wc[i].wr_id);
+	CHECK(t_cq_drain(r.send_cq, NULL, 0, 50) == 0, "extra completions");
+	CHECK(r.send_cq->cqe == cqe, "cq->cqe changed from %d to %d", cqe, r.send_cq->cqe);
+	t_barrier(p);
+	t_res_close(&r);
+	free(buf);
+}
+
+static void small_cq_child(struct t_peer *p, void *arg)
+{
+	t_passive_target(p, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, T_WAIT_MS);
+}
+
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
@@ -737,5 +779,6 @@ int main(int argc, char **argv)
 	t_pair("mixed_opcode_chain", mixed_parent, mixed_child, NULL);
 	t_pair("outstanding_reads_depth1", reads_parent, reads_child, (void *)1);
 	t_pair("outstanding_reads_depth16", reads_parent, reads_child, (void *)16);
+	t_pair("more_wrs_in_flight_than_cqes", small_cq_parent, small_cq_child, NULL);
 	return t_finish();
 }
