@@ -69,9 +69,9 @@ struct initiator {
 	struct t_conn remote;
 };
 
-static void initiator_open(struct initiator *in, size_t len)
+static void initiator_open(struct initiator *in, size_t len, const struct t_opts *o)
 {
-	t_res_open(&in->r, NULL);
+	t_res_open(&in->r, o);
 	in->len = len;
 	in->buf = t_alloc(len);
 	in->mr = t_reg(&in->r, in->buf, len, IBV_ACCESS_LOCAL_WRITE);
@@ -127,7 +127,7 @@ static const uint32_t wsizes[] = {1, 7, 64, 4096, 4097, 65536, 65537, MiB};
 static void write_parent(struct t_peer *p, void *arg)
 {
 	struct initiator in;
-	initiator_open(&in, MiB + 64);
+	initiator_open(&in, MiB + 64, NULL);
 	t_connect_pair(p, &in.r, in.mr, &in.remote);
 	for (size_t i = 0; i < NW; i++) {
 		uint64_t off = (i * 13) % 61; /* odd, unaligned remote offsets */
@@ -202,7 +202,7 @@ static void write_sge_parent(struct t_peer *p, void *arg)
 static void spin_parent(struct t_peer *p, void *arg)
 {
 	struct initiator in;
-	initiator_open(&in, SPIN_LEN);
+	initiator_open(&in, SPIN_LEN, NULL);
 	t_connect_pair(p, &in.r, in.mr, &in.remote);
 	t_pattern_fill(in.buf, SPIN_LEN, 5);
 	REQUIRE(in.buf[SPIN_LEN - 1] != 0, "pattern must end in a non-zero byte");
@@ -247,7 +247,7 @@ static void spin_child(struct t_peer *p, void *arg)
 static void wimm_parent(struct t_peer *p, void *arg)
 {
 	struct initiator in;
-	initiator_open(&in, 8192);
+	initiator_open(&in, 8192, NULL);
 	t_connect_pair(p, &in.r, in.mr, &in.remote);
 	t_barrier(p); /* receives posted */
 	t_pattern_fill(in.buf, 4096, 31);
@@ -395,7 +395,7 @@ static void read_child(struct t_peer *p, void *arg)
 static void atomic_parent(struct t_peer *p, void *arg)
 {
 	struct initiator in;
-	initiator_open(&in, 4096);
+	initiator_open(&in, 4096, NULL);
 	t_connect_pair(p, &in.r, in.mr, &in.remote);
 	uint64_t *res = (uint64_t *)(void *)in.buf;
 	uint64_t slot0 = in.remote.addr, slot1 = in.remote.addr + 8, slot2 = in.remote.addr + 64;
@@ -488,7 +488,7 @@ static void atomic_child(struct t_peer *p, void *arg)
 static void iova_parent(struct t_peer *p, void *arg)
 {
 	struct initiator in;
-	initiator_open(&in, 8192);
+	initiator_open(&in, 8192, NULL);
 	t_connect_pair(p, &in.r, in.mr, &in.remote);
 	REQUIRE(in.remote.addr == IOVA, "the target should advertise the iova");
 	t_pattern_fill(in.buf, 1000, 61);
@@ -538,7 +538,7 @@ static void iova_child(struct t_peer *p, void *arg)
 static void rereg_parent(struct t_peer *p, void *arg)
 {
 	struct initiator in;
-	initiator_open(&in, 8192);
+	initiator_open(&in, 8192, NULL);
 	t_connect_pair(p, &in.r, in.mr, &in.remote);
 	t_pattern_fill(in.buf, 2000, 62);
 	int ret = t_post_send(in.r.qp, 1, IBV_WR_RDMA_WRITE, in.buf, 2000, in.mr->lkey,
@@ -579,7 +579,7 @@ static void rereg_child(struct t_peer *p, void *arg)
 static void mixed_parent(struct t_peer *p, void *arg)
 {
 	struct initiator in;
-	initiator_open(&in, 8192);
+	initiator_open(&in, 8192, NULL);
 	t_connect_pair(p, &in.r, in.mr, &in.remote);
 	t_barrier(p); /* the target's receives are posted */
 	t_pattern_fill(in.buf, 100, 90);
@@ -676,10 +676,7 @@ static void reads_parent(struct t_peer *p, void *arg)
 	o.max_rd_atomic = (uint8_t)(depth < maxd ? depth : maxd);
 	o.max_send_wr = 2 * NREADS;
 	struct initiator in;
-	t_res_open(&in.r, &o);
-	in.len = NREADS * 4096;
-	in.buf = t_alloc(in.len);
-	in.mr = t_reg(&in.r, in.buf, in.len, IBV_ACCESS_LOCAL_WRITE);
+	initiator_open(&in, NREADS * 4096, &o);
 	t_send_u64(p, o.max_rd_atomic); /* the target uses it as max_dest_rd_atomic */
 	t_connect_pair(p, &in.r, in.mr, &in.remote);
 	for (int i = 0; i < NREADS; i++) {
@@ -733,19 +730,18 @@ static void small_cq_parent(struct t_peer *p, void *arg)
 	struct t_opts o = t_opts_default();
 	o.cq_size = 4;
 	o.max_send_wr = NSMALLCQ;
-	struct t_res r;
-	t_res_open(&r, &o);
-	char *buf = t_alloc(4096);
-	struct ibv_mr *mr = t_reg(&r, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
-	struct t_conn remote;
-	t_connect_pair(p, &r, mr, &remote);
-	int cqe = r.send_cq->cqe;
+	struct initiator in;
+	initiator_open(&in, 4096, &o);
+	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	struct t_res *r = &in.r;
+	int cqe = r->send_cq->cqe;
 	for (int i = 0; i < NSMALLCQ; i++)
-		REQUIRE(t_post_send(r.qp, (uint64_t)i, IBV_WR_RDMA_WRITE, buf + 8 * i, 8, mr->lkey,
-				    IBV_SEND_SIGNALED, remote.addr + 8u * (uint64_t)i,
-				    remote.rkey) == 0, "post WRITE #%d with no poll in between", i);
+		REQUIRE(t_post_send(r->qp, (uint64_t)i, IBV_WR_RDMA_WRITE, in.buf + 8 * i, 8,
+				    in.mr->lkey, IBV_SEND_SIGNALED,
+				    in.remote.addr + 8u * (uint64_t)i, in.remote.rkey) == 0,
+			"post WRITE #%d with no poll in between", i);
 	struct ibv_wc wc[NSMALLCQ];
-	int got = t_poll(r.send_cq, wc, NSMALLCQ, T_WAIT_MS);
+	int got = t_poll(r->send_cq, wc, NSMALLCQ, T_WAIT_MS);
 	CHECK(got == NSMALLCQ, "%d of %d WRITE completions from a CQ of %d entries", got,
 	      NSMALLCQ, cqe);
 	for (int i = 0; i < got; i++)
@@ -753,11 +749,10 @@ static void small_cq_parent(struct t_peer *p, void *arg)
 			      wc[i].opcode == IBV_WC_RDMA_WRITE,
 		      "completion %d: %s wr_id %llu", i, t_wc_status_str(wc[i].status),
 		      (unsigned long long)wc[i].wr_id);
-	CHECK(t_cq_drain(r.send_cq, NULL, 0, 50) == 0, "extra completions");
-	CHECK(r.send_cq->cqe == cqe, "cq->cqe changed from %d to %d", cqe, r.send_cq->cqe);
+	CHECK(t_cq_drain(r->send_cq, NULL, 0, 50) == 0, "extra completions");
+	CHECK(r->send_cq->cqe == cqe, "cq->cqe changed from %d to %d", cqe, r->send_cq->cqe);
 	t_barrier(p);
-	t_res_close(&r);
-	free(buf);
+	initiator_close(&in);
 }
 
 static void small_cq_child(struct t_peer *p, void *arg)
