@@ -318,6 +318,9 @@ int urdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 	cq->armed = mode;
 	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
 		atomic_store(&qp->shm->notify, mode);
+	/* Pairs with the fence in the deliverer (responder_notify): armed
+	 * before the caller's next poll reads rq_done. */
+	atomic_thread_fence(memory_order_seq_cst);
 	pthread_mutex_unlock(&cq->lock);
 	return 0;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Debian's ibv_rc_pingpong on urdma, server and client as two processes on
-# loopback: default, -e (CQ events), -s 1/4096/64 KiB/1 MiB, -n 10000, -c
+# loopback: default, -e -n 20000 (CQ events; long enough to hit a lost wake-up), -s 1/4096/64 KiB/1 MiB, -n 10000, -c
 # (data check); each without a GID (LID addressing) and with -g <index of the
 # IPv4-mapped ::ffff:127.0.0.1 GID> (RoCE v2 addressing).
 # Usage: rc_pingpong.sh BUILD_DIR     (exit 0 pass, 1 fail, 77 skip)
@@ -28,7 +28,7 @@ fi
 # name | extra arguments (both sides)
 CASES=(
     "default|"
-    "events|-e"
+    "events|-e -n 20000"
     "size1|-s 1"
     "size4096|-s 4096"
     "size65536|-s 65536 -n 500"

@@ -309,6 +309,70 @@ static void two_cqs_one_channel(void *arg)
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
 }
 
+/*
+ * ---- Ping-pong driven only by events, as ibv_rc_pingpong -e ----
+ * Each round: wait on the channel, get and ack the event, re-arm, poll
+ * once.  A completion that lands between the re-arm and the poll must
+ * still raise an event; if the deliverer reads the arm state before its
+ * completion is visible (store/load reordering), both sides sleep forever.
+ * The race window is a few instructions wide, so run many rounds.
+ */
+#define STORM_ROUNDS 20000
+
+static void event_storm(struct t_peer *p, bool starter)
+{
+	struct t_opts o = t_opts_default();
+	o.use_channel = true;
+	o.max_recv_wr = 16;
+	struct side s;
+	t_res_open(&s.r, &o);
+	s.buf = t_alloc(4096);
+	s.mr = t_reg(&s.r, s.buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	t_connect_pair(p, &s.r, s.mr, NULL);
+	for (int i = 0; i < 16; i++)
+		REQUIRE(t_post_recv(s.r.qp, 0, s.buf + 2048, 64, s.mr->lkey) == 0, "ibv_post_recv");
+	REQUIRE(ibv_req_notify_cq(s.r.recv_cq, 0) == 0, "ibv_req_notify_cq");
+	t_barrier(p);
+	int sent = 0, recvd = 0, events = 0;
+	if (starter) {
+		send_one(&s, 1, 0);
+		sent++;
+	}
+	while (sent < STORM_ROUNDS || recvd < STORM_ROUNDS) {
+		REQUIRE(t_fd_readable(s.r.channel->fd, T_WAIT_MS),
+			"no event within %d ms after %d sends, %d receives, %d events: a lost wake-up",
+			T_WAIT_MS, sent, recvd, events);
+		struct ibv_cq *cq;
+		void *ctx;
+		REQUIRE(ibv_get_cq_event(s.r.channel, &cq, &ctx) == 0, "ibv_get_cq_event");
+		ibv_ack_cq_events(cq, 1);
+		events++;
+		REQUIRE(ibv_req_notify_cq(cq, 0) == 0, "ibv_req_notify_cq");
+		struct ibv_wc wc[4];
+		int n = ibv_poll_cq(cq, 4, wc);
+		REQUIRE(n >= 0, "ibv_poll_cq: %d", n);
+		for (int i = 0; i < n; i++) {
+			REQUIRE(wc[i].status == IBV_WC_SUCCESS, "completion %s",
+				ibv_wc_status_str(wc[i].status));
+			if (wc[i].opcode != IBV_WC_RECV)
+				continue;
+			recvd++;
+			REQUIRE(t_post_recv(s.r.qp, 0, s.buf + 2048, 64, s.mr->lkey) == 0,
+				"ibv_post_recv");
+			if (sent < STORM_ROUNDS) {
+				send_one(&s, 1, 0);
+				sent++;
+			}
+		}
+	}
+	t_note("%d rounds, %d events", STORM_ROUNDS, events);
+	t_barrier(p);
+	side_close(&s);
+}
+
+static void storm_starter(struct t_peer *p, void *arg) { event_storm(p, true); }
+static void storm_responder(struct t_peer *p, void *arg) { event_storm(p, false); }
+
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
@@ -318,5 +382,6 @@ int main(int argc, char **argv)
 	t_pair("nonblocking_channel_fd", sender, nonblocking_receiver, NULL);
 	t_case("error_completion_wakes_solicited_only", error_completion_event, NULL);
 	t_case("two_cqs_one_channel", two_cqs_one_channel, NULL);
+	t_pair("event_driven_pingpong_loses_no_wakeup", storm_starter, storm_responder, NULL);
 	return t_finish();
 }

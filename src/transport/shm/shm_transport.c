@@ -138,7 +138,14 @@ static void responder_error(struct urdma_qp *qp)
 static void responder_notify(struct urdma_qp *qp, bool solicited, bool error)
 {
 	struct urdma_shm_qp *t = qp->peer_qp;
-	uint32_t n = atomic_load_explicit(&t->notify, memory_order_acquire);
+	uint32_t n;
+
+	/* Dekker with urdma_req_notify_cq: our rq_done store must be visible
+	 * before we read 'notify', or an owner that arms and then polls can
+	 * miss both the completion and the event (x86 reorders a store with
+	 * a later load). */
+	atomic_thread_fence(memory_order_seq_cst);
+	n = atomic_load_explicit(&t->notify, memory_order_relaxed);
 
 	if (n == URDMA_NOTIFY_ANY ||
 	    (n == URDMA_NOTIFY_SOLICITED && (solicited || error))) {
