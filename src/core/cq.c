@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "core/urdma.h"
+#include "transport/transport.h"
 #include "util/log.h"
 
 struct ibv_comp_channel *urdma_create_comp_channel(struct ibv_context *context)
@@ -343,6 +344,35 @@ static void cq_progress_sends(struct urdma_cq *cq)
 		urdma_qp_progress(qps[i]);
 }
 
+/* Let transports that receive in software (TCP) take what has arrived,
+ * so a polling application needs no thread switch.  Outside cq->lock: the
+ * receive path completes WRs into CQs. */
+static void cq_poll_transports(struct urdma_cq *cq)
+{
+	struct urdma_qp *qps[8], *qp;
+	int n = 0;
+
+	pthread_mutex_lock(&cq->lock);
+	list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
+		if (n < 8 && qp->tr && qp->tr->poll) {
+			atomic_fetch_add(&qp->pollers, 1);
+			qps[n++] = qp;
+		}
+	}
+	list_for_each_entry(qp, &cq->send_qps, scq_node) {
+		if (n < 8 && qp->tr && qp->tr->poll &&
+		    to_ucq(qp->ibqp.recv_cq) != cq) {
+			atomic_fetch_add(&qp->pollers, 1);
+			qps[n++] = qp;
+		}
+	}
+	pthread_mutex_unlock(&cq->lock);
+	for (int i = 0; i < n; i++) {
+		qps[i]->tr->poll(qps[i]);
+		atomic_fetch_sub(&qps[i]->pollers, 1);
+	}
+}
+
 int urdma_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 {
 	struct urdma_cq *cq = to_ucq(ibcq);
@@ -353,6 +383,8 @@ int urdma_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 		return -1;
 	if (atomic_load_explicit(&cq->sq_pending, memory_order_relaxed))
 		cq_progress_sends(cq);
+	if (atomic_load_explicit(&cq->polled_qps, memory_order_relaxed))
+		cq_poll_transports(cq);
 	pthread_mutex_lock(&cq->lock);
 	while (n < num && cq->head != cq->tail) {
 		struct urdma_cqe *e = &cq->ring[cq->head & (cq->size - 1)];

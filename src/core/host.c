@@ -266,12 +266,14 @@ int urdma_host_create(const char *prefix, uint32_t *id, uint32_t id_mask,
 	char path[300];
 	int fd = -1;
 
-	for (int tries = 0; tries < 1000; tries++) {
-		uint32_t r;
+	/* id_mask 0: exactly *id, once. */
+	for (int tries = 0; tries < (id_mask ? 1000 : 1); tries++) {
+		uint32_t r = *id;
 
-		if (getrandom(&r, sizeof(r), 0) != sizeof(r))
+		if (id_mask && getrandom(&r, sizeof(r), 0) != sizeof(r))
 			r = (uint32_t)urdma_now_ns() * 2654435761u;
-		r &= id_mask;
+		if (id_mask)
+			r &= id_mask;
 		if (r < 2)
 			continue;
 		host_path(path, sizeof(path), prefix, r);

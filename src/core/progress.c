@@ -27,7 +27,7 @@ static pthread_t thread;
 static bool running;
 static _Atomic bool stop;
 
-#define KIND_BITS 1ull
+#define KIND_BITS 3ull
 
 void urdma_progress_kick(void)
 {
@@ -39,12 +39,21 @@ void urdma_progress_kick(void)
 
 int urdma_progress_watch(int fd, int kind, void *obj)
 {
-	struct epoll_event ev = { .events = EPOLLIN,
+	return urdma_progress_watch_events(fd, EPOLLIN, kind, obj, false);
+}
+
+/* Watch fd for events; with modify, change an existing watch. */
+int urdma_progress_watch_events(int fd, uint32_t events, int kind, void *obj,
+				bool modify)
+{
+	struct epoll_event ev = { .events = events,
 				  .data.u64 = (uintptr_t)obj | kind };
 
 	if (epfd < 0)
 		return -EINVAL;
-	return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) ? -errno : 0;
+	return epoll_ctl(epfd, modify ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev) ?
+		       -errno :
+		       0;
 }
 
 void urdma_progress_unwatch(int fd)
@@ -93,6 +102,10 @@ static void *progress_main(void *arg)
 				uint64_t v;
 				if (read(kickfd, &v, sizeof(v)) < 0)
 					continue;
+			} else if ((d & KIND_BITS) == URDMA_WATCH_FN) {
+				struct urdma_watcher *w = obj;
+
+				w->fn(w, evs[i].events);
 			} else if ((d & KIND_BITS) == URDMA_WATCH_PEER) {
 				struct urdma_peer *p = obj;
 
@@ -105,6 +118,7 @@ static void *progress_main(void *arg)
 					;
 			}
 		}
+		urdma_tcp_reap();
 		now = urdma_now_ns();
 		pending = maintain_all(now - last_mr_check > 200000000ull);
 		if (now - last_mr_check > 200000000ull)
@@ -164,6 +178,7 @@ void urdma_progress_del_ctx(struct urdma_context *uctx)
 	atomic_store(&stop, true);
 	urdma_progress_kick();
 	pthread_join(thread, NULL);
+	urdma_tcp_reap();
 	pthread_mutex_lock(&ctx_lock);
 	running = false;
 	close(epfd);

@@ -98,8 +98,21 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	rq_stride = (sizeof(struct urdma_shm_rqe) +
 		     cap.max_recv_sge * sizeof(struct urdma_shm_sge) + 63) & ~63u;
 	shm_size = sizeof(struct urdma_shm_qp) + (size_t)rq_size * rq_stride;
-	ret = -urdma_host_create("qp", &qpn, 0xffffff, shm_size,
-				 (void **)&qp->shm);
+	/* A QPN that names our TCP listener, so peers on other hosts can
+	 * reach the QP; a random one if there is no listener. */
+	ret = EAGAIN;
+	for (int tries = 0; ret && tries < 64; tries++) {
+		if (urdma_tcp_reserve_qpn(&qpn))
+			break;
+		ret = -urdma_host_create("qp", &qpn, 0, shm_size,
+					 (void **)&qp->shm);
+		qp->tcp_qpn = !ret;
+		/* On failure the number stays taken: another network
+		 * namespace on this host uses it. */
+	}
+	if (ret)
+		ret = -urdma_host_create("qp", &qpn, 0xffffff, shm_size,
+					 (void **)&qp->shm);
 	if (ret)
 		goto err_free_sq;
 	qp->shm_size = shm_size;
@@ -144,6 +157,8 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	atomic_fetch_add(&rcq->usecnt, 1);
 	atomic_fetch_add(&to_upd(ibpd)->usecnt, 1);
 	init->cap = cap;
+	if (qp->tcp_qpn)
+		urdma_tcp_register_qp(qp);
 	urdma_dbg("qp %#x created (sq %u, rq %u)", qpn, qp->sq_size, rq_size);
 	return &qp->ibqp;
 
@@ -167,10 +182,21 @@ static void rq_quiesce(struct urdma_qp *qp)
 	}
 }
 
+/* Count the QP in its CQs' polled_qps while its transport has tr->poll. */
+static void qp_count_polled(struct urdma_qp *qp, int d)
+{
+	if (!qp->tr || !qp->tr->poll)
+		return;
+	atomic_fetch_add(&to_ucq(qp->ibqp.send_cq)->polled_qps, d);
+	atomic_fetch_add(&to_ucq(qp->ibqp.recv_cq)->polled_qps, d);
+}
+
 static void qp_disconnect(struct urdma_qp *qp)
 {
-	if (qp->tr)
+	if (qp->tr) {
+		qp_count_polled(qp, -1);
 		qp->tr->disconnect(qp);
+	}
 	qp->tr = NULL;
 }
 
@@ -209,9 +235,13 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	cq_forget_qp(scq, qp);
 	if (rcq != scq)
 		cq_forget_qp(rcq, qp);
+	while (atomic_load(&qp->pollers)) /* ibv_poll_cq inside tr->poll */
+		sched_yield();
 	pthread_mutex_lock(&qp->sq_lock);
 	qp_disconnect(qp);
 	pthread_mutex_unlock(&qp->sq_lock);
+	if (qp->tcp_qpn)
+		urdma_tcp_release_qpn(ibqp->qp_num, true);
 	atomic_fetch_sub(&scq->usecnt, 1);
 	atomic_fetch_sub(&rcq->usecnt, 1);
 	atomic_fetch_sub(&to_upd(ibqp->pd)->usecnt, 1);
@@ -347,36 +377,80 @@ static void sq_set_pending(struct urdma_qp *qp, bool pending)
 	}
 }
 
-/* The engine: run WRs from the head of the SQ.  Called with sq_lock. */
+/*
+ * The engine: run WRs from the head of the SQ.  Called with sq_lock.
+ *
+ * sq_head is the next WR to execute, sq_comp the oldest not yet completed.
+ * A transport finishes most WRs at once (URDMA_TX_DONE); one that waits for
+ * a response (a READ or an atomic over TCP) returns URDMA_TX_POSTED and
+ * later calls urdma_qp_wr_mark() and _kick().  Completions are reported
+ * in SQ order.
+ */
 static void sq_run(struct urdma_qp *qp)
 {
-	while (qp->sq_head != qp->sq_tail) {
-		struct urdma_swqe *wqe = sq_slot(qp, qp->sq_head);
+	atomic_store_explicit(&qp->sq_async, 0, memory_order_relaxed);
+	for (;;) {
+		struct urdma_swqe *wqe;
 		enum ibv_wc_status status = IBV_WC_SUCCESS;
 		enum urdma_tx r;
 
+		/* Retire, in order, what has finished. */
+		while (qp->sq_comp != qp->sq_head) {
+			uint32_t d;
+
+			wqe = sq_slot(qp, qp->sq_comp);
+			d = atomic_load_explicit(&wqe->done,
+						 memory_order_acquire);
+			if (!d) {
+				if (qp->ibqp.state != IBV_QPS_ERR)
+					break;
+				d = IBV_WC_WR_FLUSH_ERR + 1;
+			}
+			sq_complete(qp, wqe, d - 1);
+			qp->sq_comp++;
+			if (d - 1 != IBV_WC_SUCCESS) {
+				urdma_dbg("qp %#x: wr %#llx failed: %s",
+					  qp->ibqp.qp_num,
+					  (unsigned long long)wqe->wr_id,
+					  ibv_wc_status_str(d - 1));
+				if (qp->ibqp.state != IBV_QPS_ERR)
+					qp_enter_error(qp);
+			}
+		}
+		if (qp->sq_head == qp->sq_tail)
+			break;
+		wqe = sq_slot(qp, qp->sq_head);
 		if (qp->ibqp.state == IBV_QPS_ERR) {
-			sq_complete(qp, wqe, IBV_WC_WR_FLUSH_ERR);
+			atomic_store_explicit(&wqe->done,
+					      IBV_WC_WR_FLUSH_ERR + 1,
+					      memory_order_relaxed);
 			qp->sq_head++;
 			continue;
 		}
 		if (qp->ibqp.state != IBV_QPS_RTS)
 			break; /* SQD: hold the queue */
+		/* A fenced WR waits for the READs and atomics before it. */
+		if ((wqe->send_flags & IBV_SEND_FENCE) &&
+		    qp->sq_comp != qp->sq_head)
+			break;
 		r = qp->tr ? qp->tr->execute(qp, wqe, &status) :
 			     URDMA_TX_NOT_READY;
+		if (r == URDMA_TX_POSTED) {
+			qp->sq_head++;
+			continue;
+		}
+		if (r == URDMA_TX_WAIT) {
+			sq_set_pending(qp, true);
+			return;
+		}
 		if (r != URDMA_TX_DONE &&
 		    !sq_retry_exceeded(qp, wqe, r, &status)) {
 			sq_set_pending(qp, true);
 			return;
 		}
-		sq_complete(qp, wqe, status);
+		atomic_store_explicit(&wqe->done, status + 1,
+				      memory_order_relaxed);
 		qp->sq_head++;
-		if (status != IBV_WC_SUCCESS) {
-			urdma_dbg("qp %#x: wr %#llx failed: %s", qp->ibqp.qp_num,
-				  (unsigned long long)wqe->wr_id,
-				  ibv_wc_status_str(status));
-			qp_enter_error(qp);
-		}
 	}
 	sq_set_pending(qp, false);
 	/* In ERR: send errors and flushes are in the CQ; now the receives.
@@ -385,11 +459,32 @@ static void sq_run(struct urdma_qp *qp)
 		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
 }
 
+/* A transport finished a WR it had posted (URDMA_TX_POSTED): mark it, then
+ * kick.  Any thread; never waits for sq_lock. */
+void urdma_qp_wr_mark(struct urdma_qp *qp, uint32_t idx,
+		      enum ibv_wc_status status)
+{
+	atomic_store_explicit(&sq_slot(qp, idx)->done, status + 1,
+			      memory_order_release);
+}
+
+/* Report WRs marked done: run the engine now if nobody holds it. */
+void urdma_qp_wr_kick(struct urdma_qp *qp)
+{
+	atomic_store(&qp->sq_async, 1);
+	if (pthread_mutex_trylock(&qp->sq_lock)) {
+		urdma_progress_kick(); /* the holder may have passed it */
+		return;
+	}
+	sq_run(qp);
+	pthread_mutex_unlock(&qp->sq_lock);
+}
+
 void urdma_qp_progress(struct urdma_qp *qp)
 {
 	if (pthread_mutex_trylock(&qp->sq_lock))
 		return; /* whoever holds it runs the engine */
-	if (qp->sq_pending)
+	if (qp->sq_pending || atomic_load(&qp->sq_async))
 		sq_run(qp);
 	pthread_mutex_unlock(&qp->sq_lock);
 }
@@ -457,9 +552,11 @@ bool urdma_qp_maintain(struct urdma_qp *qp)
 	}
 	if (atomic_load(&s->notify_fired) && atomic_exchange(&s->notify_fired, 0))
 		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
-	if (qp->sq_pending)
+	if (qp->tr && qp->tr->maintain)
+		again |= qp->tr->maintain(qp);
+	if (qp->sq_pending || atomic_load(&qp->sq_async))
 		urdma_qp_progress(qp);
-	return again || qp->sq_pending;
+	return again || qp->sq_pending || atomic_load(&qp->sq_async);
 }
 
 /* ---- receive queue, owner side ---- */
@@ -539,6 +636,8 @@ int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	if (atomic_load_explicit(&s->rnr_waiter, memory_order_relaxed) &&
 	    atomic_exchange(&s->rnr_waiter, 0) && qp->peer)
 		urdma_peer_wake(qp->peer);
+	if (qp->tr && qp->tr->recv_posted)
+		qp->tr->recv_posted(qp);
 	if (ibqp->state == IBV_QPS_ERR)
 		urdma_cq_notify(to_ucq(ibqp->recv_cq));
 	return ret;
@@ -616,6 +715,7 @@ int urdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 		w->byte_len = len;
 		w->first_try_ns = 0;
 		w->rnr_tries = 0;
+		atomic_store_explicit(&w->done, 0, memory_order_relaxed);
 		if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
 		    wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
 			w->remote_addr = wr->wr.atomic.remote_addr;
@@ -795,7 +895,7 @@ static void reset_queues(struct urdma_qp *qp)
 {
 	struct urdma_shm_qp *s = qp->shm;
 
-	qp->sq_head = qp->sq_tail = 0;
+	qp->sq_head = qp->sq_tail = qp->sq_comp = 0;
 	atomic_store(&qp->sq_retired, 0);
 	qp->unsignaled = 0;
 	qp->sq_pending = false;
@@ -895,18 +995,21 @@ int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
 		break;
 	case IBV_QPS_RTR:
 		if (cur == IBV_QPS_INIT) {
-			qp->tr = &urdma_shm_transport;
+			qp->tr = urdma_pick_transport(qp, &qp->attr);
 			ret = -qp->tr->connect(qp, &qp->attr);
 			if (ret) {
 				qp->tr = NULL;
 				goto out;
 			}
+			qp_count_polled(qp, 1);
 			atomic_store(&qp->shm->dest_qpn, qp->attr.dest_qp_num);
 			atomic_store(&qp->shm->state, URDMA_SQPS_RTR);
 			/* A sender may wait for us to reach RTR. */
 			atomic_thread_fence(memory_order_seq_cst);
 			if (atomic_exchange(&qp->shm->rnr_waiter, 0) && qp->peer)
 				urdma_peer_wake(qp->peer);
+			if (qp->tr->recv_posted) /* data may wait for RTR */
+				qp->tr->recv_posted(qp);
 		}
 		break;
 	case IBV_QPS_ERR:

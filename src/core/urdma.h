@@ -115,6 +115,7 @@ struct urdma_cq {
 	struct list_head send_qps, recv_qps;
 	int armed; /* URDMA_NOTIFY_* */
 	_Atomic int sq_pending; /* a send QP has WRs waiting to be retried */
+	_Atomic int polled_qps; /* QPs whose transport receives in poll_cq */
 	struct urdma_channel *chan;
 	_Atomic int usecnt;
 	uint32_t events_reported; /* by ibv_get_cq_event, under ibcq.mutex */
@@ -135,6 +136,7 @@ struct urdma_swqe {
 	uint32_t byte_len;
 	uint32_t rnr_tries;
 	uint32_t inline_len;
+	_Atomic uint32_t done; /* 0, or the completion status + 1 */
 	struct ibv_sge sge[]; /* then inline data */
 };
 
@@ -156,6 +158,8 @@ struct urdma_qp {
 	uint8_t *sq;
 	uint32_t sq_size, sq_stride;
 	uint32_t sq_head, sq_tail; /* free-running; execute at head */
+	uint32_t sq_comp;	   /* oldest WR not yet completed */
+	_Atomic int sq_async;	   /* a transport finished a posted WR */
 	uint32_t unsignaled;	   /* since the last signaled WR */
 	_Atomic uint32_t sq_retired;
 	bool sq_pending;
@@ -164,6 +168,9 @@ struct urdma_qp {
 	uint32_t rq_poll; /* next completion to harvest, under recv CQ lock */
 	/* connection */
 	const struct urdma_transport_ops *tr;
+	void *tr_priv;	     /* the transport's connection state */
+	bool tcp_qpn;	     /* the QPN names a TCP listener */
+	_Atomic int pollers; /* ibv_poll_cq threads driving tr->poll */
 	struct urdma_peer *peer;
 	struct urdma_shm_qp *peer_qp;
 	size_t peer_qp_size;
@@ -255,17 +262,30 @@ void urdma_cq_notify(struct urdma_cq *cq);
 
 /* qp.c */
 void urdma_qp_progress(struct urdma_qp *qp);
+void urdma_qp_wr_mark(struct urdma_qp *qp, uint32_t idx,
+		      enum ibv_wc_status status);
+void urdma_qp_wr_kick(struct urdma_qp *qp);
 void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event);
 bool urdma_qp_maintain(struct urdma_qp *qp);
 int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max);
 
 /* progress.c */
-enum { URDMA_WATCH_CTX, URDMA_WATCH_PEER };
+enum { URDMA_WATCH_CTX, URDMA_WATCH_PEER, URDMA_WATCH_FN };
+/* URDMA_WATCH_FN: the progress thread calls fn with the epoll events. */
+struct urdma_watcher {
+	void (*fn)(struct urdma_watcher *w, uint32_t events);
+} __attribute__((aligned(8)));
+int urdma_progress_watch_events(int fd, uint32_t events, int kind, void *obj,
+				bool modify);
 int urdma_progress_add_ctx(struct urdma_context *uctx);
 void urdma_progress_del_ctx(struct urdma_context *uctx);
 void urdma_progress_kick(void);
 int urdma_progress_watch(int fd, int kind, void *obj);
 void urdma_progress_unwatch(int fd);
+
+/* transport/tcp: the progress thread frees closed connections here,
+ * between batches of events. */
+void urdma_tcp_reap(void);
 
 /* verbs entry points implemented by the core, called by the ABI layer */
 int urdma_query_device(struct ibv_context *c, struct ibv_device_attr *a);

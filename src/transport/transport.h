@@ -13,6 +13,8 @@ enum urdma_tx {
 	URDMA_TX_DONE,	    /* finished; *status tells how */
 	URDMA_TX_RNR,	    /* the responder has no receive posted yet */
 	URDMA_TX_NOT_READY, /* the responder can't be reached or isn't ready */
+	URDMA_TX_POSTED,    /* sent; urdma_qp_wr_mark() + _kick() report it later */
+	URDMA_TX_WAIT,	    /* our own limit (outstanding READs): retry, no timer */
 };
 
 struct urdma_transport_ops {
@@ -23,9 +25,25 @@ struct urdma_transport_ops {
 	/* Run one send WR against the peer, under qp->sq_lock. */
 	enum urdma_tx (*execute)(struct urdma_qp *qp, struct urdma_swqe *wqe,
 				 enum ibv_wc_status *status);
+	/* Optional.  Progress thread: connection upkeep and receive; returns
+	 * whether it wants to be called again soon. */
+	bool (*maintain)(struct urdma_qp *qp);
+	/* Optional.  ibv_poll_cq: take what has arrived, without waiting. */
+	void (*poll)(struct urdma_qp *qp);
+	/* Optional.  ibv_post_recv added receives. */
+	void (*recv_posted)(struct urdma_qp *qp);
 };
 
 extern const struct urdma_transport_ops urdma_shm_transport;
+extern const struct urdma_transport_ops urdma_tcp_transport;
+
+const struct urdma_transport_ops *urdma_pick_transport(struct urdma_qp *qp,
+						       const struct ibv_qp_attr *a);
+
+/* The TCP transport's QP numbers: (listening port << 8 | index). */
+int urdma_tcp_reserve_qpn(uint32_t *qpn);
+void urdma_tcp_register_qp(struct urdma_qp *qp);
+void urdma_tcp_release_qpn(uint32_t qpn, bool reuse);
 
 /* A contiguous piece of memory: in this process (peer NULL), in a peer's
  * registered memory, or a direct pointer (inline data). */

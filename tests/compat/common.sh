@@ -7,8 +7,9 @@
 #                           otherwise exit 77 naming the package)
 #   run_check NAME TIMEOUT CMD...      run one command, record PASS/FAIL
 #   run_pair NAME TIMEOUT PORT "SERVER CMD" "CLIENT CMD"
-#                           server + client on loopback; sets PAIR_SRV_LOG,
-#                           PAIR_CLI_LOG, PAIR_SRV_RC, PAIR_CLI_RC
+#                           server + client on loopback (the server's port is
+#                           awaited in network namespace $PAIR_NETNS if set);
+#                           sets PAIR_SRV_LOG, PAIR_CLI_LOG, PAIR_SRV_RC, PAIR_CLI_RC
 #   pass NAME / fail NAME WHY   record a result
 #   finish                  print the summary, exit 0 or 1
 #
@@ -130,8 +131,14 @@ show_log() {
     tail -n 25 "$f" 2>/dev/null | sed 's/^/  | /'
 }
 
+# The network namespace run_pair's servers listen in (empty: this one; the
+# multi-host tests in tests/net/ set it).
+PAIR_NETNS=""
+
 port_listening() {
-    ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
+    local -a ns=()
+    [ -n "$PAIR_NETNS" ] && ns=(ip netns exec "$PAIR_NETNS")
+    "${ns[@]}" ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
 }
 
 # free_port BASE: print the first port >= BASE nobody listens on.

@@ -478,7 +478,12 @@ int main(int argc, char **argv)
 		t_pair(fault_cases[i].name, fault_parent, fault_child, (void *)&fault_cases[i]);
 	t_case("err_flushes_receives_from_init", flush_recvs, NULL);
 	t_case("err_flushes_receives_from_rtr", flush_recvs, (void *)1);
-	t_pair("rnr_retry_exceeded", rnr_parent, rnr_child, NULL);
+	/* Over TCP a Send waits in the stream until a receive is posted
+	 * (docs/wire-protocol.md, "Receiver not ready"): no RNR NAK exists. */
+	if (getenv("URDMA_TRANSPORT") && !strcmp(getenv("URDMA_TRANSPORT"), "tcp"))
+		t_note("rnr_retry_exceeded: not run over TCP (no RNR NAK in iWARP)");
+	else
+		t_pair("rnr_retry_exceeded", rnr_parent, rnr_child, NULL);
 	t_pair("peer_killed_then_post", killed_parent, killed_child, NULL);
 	t_pair("peer_killed_with_sends_stalled_on_rnr", killed_parent, killed_child, (void *)1);
 	return t_finish();

@@ -1,0 +1,1911 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The TCP transport: RC queue pairs between hosts, framed as iWARP
+ * (MPA / DDP / RDMAP, RFC 5044 / 5041 / 5040, RFC 7306 for atomics and
+ * immediate data).  docs/wire-protocol.md describes the bytes.
+ *
+ * Addressing.  Every process that has QPs listens on a kernel-chosen TCP
+ * port (one listener per 256 QPs); a QP number is (port << 8 | index), so
+ * the QPN and GID that programs exchange out of band are all a peer needs
+ * to reach the QP: no daemon, no well-known port.  At RTR the side with
+ * the lower (QPN, GID) connects and sends the MPA Request naming both QPs;
+ * the other side's listener hands the connection to its QP once that QP
+ * is at RTR with the matching destination.
+ *
+ * Threads.  Send WRs run in the posting thread (sq_lock), as for the other
+ * transports: a Send or Write completes when TCP has taken all its bytes;
+ * a Read or an atomic completes when its response arrives.  Received FPDUs
+ * are processed by whoever gets conn->rx_lock first: ibv_poll_cq (so a
+ * polling application needs no thread switch) or the progress thread
+ * (epoll on the socket, so one-sided operations need nothing from the
+ * target application).  The receive path never waits for sq_lock.
+ *
+ * Locks: sq_lock > T.lock > conn.rx_lock > conn.tx_lock > conn.ord_lock;
+ * the rx path takes cq locks (completions) and only try-locks sq_lock.
+ */
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "transport/tcp/crc32c.h"
+#include "transport/tcp/iwarp_parse.h"
+#include "transport/transport.h"
+#include "util/log.h"
+
+#define RBUF_SIZE (256 * 1024)
+#define TX_IOV 64
+#define PENDING_TIMEOUT_NS (60ull * 1000000000ull)
+#define RETRY_CONNECT_NS (20ull * 1000000ull)
+
+enum conn_state {
+	C_CONNECTING,	/* active: TCP connect in progress */
+	C_RETRY,	/* active: wait, then connect again */
+	C_REQ_SENT,	/* active: MPA Request sent, Reply awaited */
+	C_WAIT_REQ,	/* passive: accepted, MPA Request awaited */
+	C_PENDING_QP,	/* passive: Request read, its QP not at RTR yet */
+	C_UP,		/* FPDUs flow */
+};
+
+/* Where an outstanding RDMA Read or atomic we issued lands. */
+struct tcp_ord {
+	bool used, atomic;
+	uint32_t tag; /* sink STag (Read) or request identifier (atomic) */
+	uint64_t len, got;
+	int n;
+	struct urdma_span sp[URDMA_MAX_SGE];
+};
+
+/*
+ * A message we sent that the peer has not yet confirmed.  iWARP has no
+ * acknowledgements, but the responder processes a stream in order, so a
+ * response (Read or atomic) confirms every message sent before its
+ * request.  A signaled Send or Write is followed by a zero-length Read
+ * (a "flush"), and completes when that Read's response arrives: then the
+ * data is placed, as on InfiniBand, and a remote error (a Terminate)
+ * lands on the WR that caused it.
+ */
+enum { K_SEND, K_WRITE, K_READ, K_ATOMIC, K_FLUSH };
+struct tcp_unc {
+	uint32_t wr_idx;
+	uint8_t kind;
+	uint32_t tag; /* K_READ, K_ATOMIC, K_FLUSH: the response's tag */
+	uint32_t msn; /* of the request on its DDP queue */
+	uint32_t stag, len;
+	uint64_t to;
+};
+
+struct tcp_conn {
+	struct urdma_watcher w;
+	struct list_head node; /* T.pending or T.grave */
+	int fd;
+	_Atomic int state;
+	bool active, crc;
+	bool closing; /* under rx_lock: the QP let go */
+	struct urdma_qp *qp;
+	uint32_t local_qpn, peer_qpn;
+	uint64_t since_ns; /* when the current state began */
+	struct sockaddr_in6 sa;
+	pthread_mutex_t rx_lock, tx_lock, ord_lock;
+	/* receive side, under rx_lock */
+	uint8_t *rbuf;
+	size_t rlen;
+	uint32_t rx_msn[DDP_NUM_QN];
+	bool rcv_active; /* a Send is being placed into receive rcv_idx */
+	uint32_t rcv_idx;
+	int rcv_n;
+	struct urdma_span rcv_sp[URDMA_MAX_SGE];
+	uint64_t rcv_room, rcv_got;
+	bool imm_pending;
+	uint32_t imm;
+	uint64_t write_len, last_write_len;
+	_Atomic bool stalled; /* a Send waits for a receive WR */
+	/* send side, under tx_lock */
+	uint32_t tx_msn[DDP_NUM_QN];
+	/* outstanding Reads and atomics, unconfirmed messages: ord_lock */
+	struct tcp_ord ord[URDMA_MAX_RD_ATOM];
+	uint32_t next_tag;
+	struct tcp_unc *unc;
+	uint32_t unc_head, unc_tail, unc_size;
+	/* failure */
+	_Atomic bool dead;
+	uint64_t dead_ns;
+	bool dead_handled;
+};
+
+struct tcp_qp_reg {
+	struct urdma_qp *qp;
+	bool taken;
+	bool ready; /* passive side at RTR, waiting for peer_qpn */
+	uint32_t peer_qpn;
+};
+
+struct tcp_listener {
+	struct urdma_watcher w;
+	int fd;
+	uint16_t port;
+	int nqps;
+	struct tcp_qp_reg reg[256];
+};
+
+static struct {
+	pthread_mutex_t lock;
+	struct tcp_listener *ls[256];
+	struct list_head pending; /* passive conns waiting for their QP */
+	struct list_head grave;	  /* closed conns, freed by urdma_tcp_reap */
+} T = {
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+	.pending = LIST_HEAD_INIT(T.pending),
+	.grave = LIST_HEAD_INIT(T.grave),
+};
+
+static bool want_crc(void)
+{
+	const char *e = getenv("URDMA_MPA_CRC");
+
+	return !e || strcmp(e, "0");
+}
+
+static void conn_cb(struct urdma_watcher *w, uint32_t events);
+static void rx_locked(struct tcp_conn *c);
+
+/* ---- listeners and QP numbers ---- */
+
+static struct tcp_listener *listener_of(uint32_t qpn)
+{
+	for (int i = 0; i < 256; i++)
+		if (T.ls[i] && T.ls[i]->port == qpn >> 8)
+			return T.ls[i];
+	return NULL;
+}
+
+static void set_sock_opts(int fd)
+{
+	int one = 1;
+
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+static struct tcp_conn *conn_new(int fd)
+{
+	struct tcp_conn *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->rbuf = malloc(RBUF_SIZE);
+	if (!c->rbuf) {
+		free(c);
+		return NULL;
+	}
+	c->fd = fd;
+	c->w.fn = conn_cb;
+	c->since_ns = urdma_now_ns();
+	pthread_mutex_init(&c->rx_lock, NULL);
+	pthread_mutex_init(&c->tx_lock, NULL);
+	pthread_mutex_init(&c->ord_lock, NULL);
+	list_init(&c->node);
+	return c;
+}
+
+/* Hand a conn to the progress thread for freeing.  Under T.lock. */
+static void conn_bury(struct tcp_conn *c)
+{
+	if (c->fd >= 0) {
+		urdma_progress_unwatch(c->fd);
+		shutdown(c->fd, SHUT_RDWR);
+	}
+	list_del(&c->node);
+	list_add_tail(&c->node, &T.grave);
+	c->since_ns = urdma_now_ns();
+	urdma_progress_kick();
+}
+
+void urdma_tcp_reap(void)
+{
+	struct tcp_conn *c, *n;
+
+	pthread_mutex_lock(&T.lock);
+	list_for_each_entry_safe(c, n, &T.grave, node) {
+		/* A poller that loaded the pointer just before the QP let go
+		 * may still try its rx_lock: give it time to see 'closing'. */
+		if (urdma_now_ns() - c->since_ns < 100000000ull) {
+			urdma_progress_kick();
+			continue;
+		}
+		list_del(&c->node);
+		if (c->fd >= 0)
+			close(c->fd);
+		free(c->rbuf);
+		free(c->unc);
+		free(c);
+	}
+	pthread_mutex_unlock(&T.lock);
+}
+
+static void listener_cb(struct urdma_watcher *w, uint32_t events)
+{
+	struct tcp_listener *l = (struct tcp_listener *)w;
+	(void)events;
+
+	for (;;) {
+		int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		struct tcp_conn *c;
+
+		if (fd < 0)
+			return;
+		set_sock_opts(fd);
+		c = conn_new(fd);
+		if (!c) {
+			close(fd);
+			continue;
+		}
+		atomic_store(&c->state, C_WAIT_REQ);
+		pthread_mutex_lock(&T.lock);
+		list_add_tail(&c->node, &T.pending);
+		if (urdma_progress_watch_events(fd, EPOLLIN, URDMA_WATCH_FN, &c->w,
+						false))
+			conn_bury(c);
+		pthread_mutex_unlock(&T.lock);
+	}
+}
+
+static struct tcp_listener *listener_new(void)
+{
+	struct sockaddr_in6 sa = { .sin6_family = AF_INET6,
+				   .sin6_addr = IN6ADDR_ANY_INIT };
+	socklen_t len = sizeof(sa);
+	struct tcp_listener *l = calloc(1, sizeof(*l));
+	int zero = 0;
+
+	if (!l)
+		return NULL;
+	l->w.fn = listener_cb;
+	l->fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (l->fd < 0)
+		goto err;
+	setsockopt(l->fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+	if (bind(l->fd, (struct sockaddr *)&sa, sizeof(sa)) ||
+	    listen(l->fd, 128) ||
+	    getsockname(l->fd, (struct sockaddr *)&sa, &len))
+		goto err_close;
+	l->port = ntohs(sa.sin6_port);
+	if (urdma_progress_watch(l->fd, URDMA_WATCH_FN, &l->w))
+		goto err_close;
+	urdma_dbg("tcp: listening on port %u", l->port);
+	return l;
+err_close:
+	urdma_warn("tcp: cannot listen: %m; QPs of this process are not reachable over TCP");
+	close(l->fd);
+err:
+	free(l);
+	return NULL;
+}
+
+int urdma_tcp_reserve_qpn(uint32_t *qpn)
+{
+	int ret = -ENOSPC;
+
+	pthread_mutex_lock(&T.lock);
+	for (int i = 0; i < 256 && ret; i++) {
+		struct tcp_listener *l = T.ls[i];
+
+		if (!l) {
+			l = T.ls[i] = listener_new();
+			if (!l) {
+				ret = -EADDRNOTAVAIL;
+				break;
+			}
+		}
+		for (int k = 0; k < 256; k++) {
+			if (l->reg[k].taken)
+				continue;
+			l->reg[k].taken = true;
+			l->nqps++;
+			*qpn = (uint32_t)l->port << 8 | k;
+			ret = 0;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&T.lock);
+	return ret;
+}
+
+void urdma_tcp_register_qp(struct urdma_qp *qp)
+{
+	struct tcp_listener *l;
+
+	pthread_mutex_lock(&T.lock);
+	l = listener_of(qp->ibqp.qp_num);
+	if (l)
+		l->reg[qp->ibqp.qp_num & 0xff].qp = qp;
+	pthread_mutex_unlock(&T.lock);
+}
+
+/* Give back a number: the QP is gone (qp NULL: the number was in use by
+ * another netns and never ours - keep it taken). */
+void urdma_tcp_release_qpn(uint32_t qpn, bool reuse)
+{
+	struct tcp_listener *l;
+
+	pthread_mutex_lock(&T.lock);
+	l = listener_of(qpn);
+	if (l && reuse) {
+		struct tcp_qp_reg *r = &l->reg[qpn & 0xff];
+
+		*r = (struct tcp_qp_reg){ 0 };
+		if (--l->nqps == 0) {
+			for (int i = 0; i < 256; i++)
+				if (T.ls[i] == l)
+					T.ls[i] = NULL;
+			urdma_progress_unwatch(l->fd);
+			close(l->fd);
+			free(l);
+		}
+	}
+	pthread_mutex_unlock(&T.lock);
+}
+
+/* ---- sending ---- */
+
+static void conn_set_dead(struct tcp_conn *c, const char *why)
+{
+	if (atomic_exchange(&c->dead, true))
+		return;
+	c->dead_ns = urdma_now_ns();
+	urdma_info("tcp: qp %#x: connection to qp %#x lost: %s", c->local_qpn,
+		   c->peer_qpn, why);
+	urdma_progress_kick();
+}
+
+/* Write all of iov, waiting for room.  Under tx_lock. */
+static int tx_all(struct tcp_conn *c, struct iovec *iov, int n)
+{
+	while (n) {
+		ssize_t k = writev(c->fd, iov, n);
+
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN) {
+				struct pollfd p = { .fd = c->fd, .events = POLLOUT };
+
+				if (atomic_load(&c->dead))
+					return -EPIPE;
+				poll(&p, 1, 100);
+				continue;
+			}
+			conn_set_dead(c, strerror(errno));
+			return -errno;
+		}
+		while (n && (size_t)k >= iov->iov_len) {
+			k -= iov->iov_len;
+			iov++;
+			n--;
+		}
+		if (n) {
+			iov->iov_base = (uint8_t *)iov->iov_base + k;
+			iov->iov_len -= k;
+		}
+	}
+	return 0;
+}
+
+struct tx_seg {
+	uint8_t hdr[2 + sizeof(struct ddp_untagged_hdr) +
+		    sizeof(struct rdmap_atomic_req)];
+	uint8_t trailer[8];
+};
+
+/*
+ * Send one message: hdr (DDP+RDMAP header and any opcode header, hlen
+ * bytes, ULPDU length not included) then len bytes from spans, cut into
+ * segments.  Tagged messages advance the TO, untagged ones the MO; the
+ * last segment gets the L flag.  Under tx_lock.
+ */
+static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
+		  const struct urdma_span *sp, int nsp, uint64_t len)
+{
+	struct tx_seg seg[TX_IOV / 4];
+	struct iovec iov[TX_IOV];
+	bool tagged = hdr[0] & DDP_FLAG_T;
+	uint64_t off = 0, base_to = 0, soff = 0;
+	int si = 0, niov = 0, nseg = 0, ret;
+
+	if (tagged) {
+		memcpy(&base_to, hdr + 6, 8);
+		base_to = be64toh(base_to);
+	}
+	do {
+		uint32_t plen = len - off > IWARP_SEG_PAYLOAD ? IWARP_SEG_PAYLOAD :
+								  (uint32_t)(len - off);
+		uint32_t ulpdu = hlen + plen, pad = (4 - ((2 + ulpdu) & 3)) & 3;
+		struct tx_seg *s = &seg[nseg++];
+		uint32_t crc = ~0u, be;
+		uint32_t left = plen;
+
+		s->hdr[0] = ulpdu >> 8;
+		s->hdr[1] = ulpdu & 0xff;
+		memcpy(s->hdr + 2, hdr, hlen);
+		if (off + plen == len)
+			s->hdr[2] |= DDP_FLAG_L;
+		else
+			s->hdr[2] &= ~DDP_FLAG_L;
+		if (tagged) {
+			uint64_t to = htobe64(base_to + off);
+
+			memcpy(s->hdr + 2 + 6, &to, 8);
+		} else {
+			be = htonl((uint32_t)off);
+			memcpy(s->hdr + 2 + 14, &be, 4);
+		}
+		iov[niov++] = (struct iovec){ s->hdr, 2 + hlen };
+		if (c->crc)
+			crc = urdma_crc32c_update(crc, s->hdr, 2 + hlen);
+		while (left) {
+			uint64_t avail, n;
+			uint8_t *p;
+
+			while (soff == sp[si].len)
+				si++, soff = 0;
+			if (sp[si].ptr) {
+				p = sp[si].ptr + soff;
+				avail = sp[si].len - soff;
+			} else {
+				p = urdma_self_ptr(sp[si].va + soff, &avail);
+				if (!p)
+					return -EFAULT;
+			}
+			n = left;
+			if (n > sp[si].len - soff)
+				n = sp[si].len - soff;
+			if (n > avail)
+				n = avail;
+			if (niov >= TX_IOV - 2) {
+				ret = tx_all(c, iov, niov);
+				if (ret)
+					return ret;
+				niov = 0;
+			}
+			iov[niov++] = (struct iovec){ p, n };
+			if (c->crc)
+				crc = urdma_crc32c_update(crc, p, n);
+			soff += n;
+			left -= n;
+		}
+		memset(s->trailer, 0, 4);
+		if (c->crc)
+			crc = urdma_crc32c_update(crc, s->trailer, pad);
+		be = c->crc ? htonl(~crc) : 0;
+		memcpy(s->trailer + pad, &be, 4);
+		iov[niov++] = (struct iovec){ s->trailer, pad + 4 };
+		off += plen;
+		if (nseg == TX_IOV / 4 || niov >= TX_IOV - 6) {
+			ret = tx_all(c, iov, niov);
+			if (ret)
+				return ret;
+			niov = 0;
+			nseg = 0;
+		}
+	} while (off < len);
+	return niov ? tx_all(c, iov, niov) : 0;
+}
+
+static uint32_t put_untagged(uint8_t *h, unsigned op, uint32_t qn,
+			     uint32_t msn)
+{
+	struct ddp_untagged_hdr u = {
+		.ddp_ctrl = DDP_VERSION,
+		.rdmap_ctrl = RDMAP_VERSION << RDMAP_RV_SHIFT | op,
+		.qn = htonl(qn),
+		.msn = htonl(msn),
+	};
+
+	memcpy(h, &u, sizeof(u));
+	return sizeof(u);
+}
+
+static uint32_t put_tagged(uint8_t *h, unsigned op, uint32_t stag,
+			   uint64_t to)
+{
+	struct ddp_tagged_hdr t = {
+		.ddp_ctrl = DDP_FLAG_T | DDP_VERSION,
+		.rdmap_ctrl = RDMAP_VERSION << RDMAP_RV_SHIFT | op,
+		.stag = htonl(stag),
+		.to = htobe64(to),
+	};
+
+	memcpy(h, &t, sizeof(t));
+	return sizeof(t);
+}
+
+/* An untagged control message with a fixed body.  Under tx_lock. */
+static int tx_ctrl(struct tcp_conn *c, unsigned op, uint32_t qn,
+		   const void *body, uint32_t blen)
+{
+	uint8_t h[sizeof(struct ddp_untagged_hdr) + 64];
+	uint32_t n = put_untagged(h, op, qn, c->tx_msn[qn]++);
+
+	memcpy(h + n, body, blen);
+	return tx_msg(c, h, n + blen, NULL, 0, 0);
+}
+
+static void send_terminate(struct tcp_conn *c, uint32_t ctrl,
+			   const uint8_t *hdr, uint32_t hdr_len)
+{
+	struct rdmap_terminate t = { .ctrl = htonl(ctrl) };
+	uint32_t blen = 4;
+
+	if (hdr && (ctrl >> 13 & TERM_HDRCT_D)) {
+		t.ctrl = htonl(ctrl | TERM_HDRCT_M << 13);
+		t.ddp_seg_len = htons(hdr_len);
+		memcpy(t.hdr, hdr, hdr_len);
+		blen = 4 + 2 + hdr_len;
+	}
+	pthread_mutex_lock(&c->tx_lock);
+	tx_ctrl(c, RDMAP_TERMINATE, DDP_QN_TERM, &t, blen);
+	pthread_mutex_unlock(&c->tx_lock);
+	urdma_info("tcp: qp %#x: sent TERMINATE (layer %u type %u code %#x)",
+		   c->local_qpn, TERM_LAYER(ctrl), TERM_ETYPE(ctrl),
+		   TERM_ECODE(ctrl));
+}
+
+/* ---- the QP side of an error ---- */
+
+/* Ask the progress thread to put the QP in error (never wait for sq_lock
+ * on the receive path). */
+static void qp_error_async(struct tcp_conn *c)
+{
+	if (c->qp)
+		atomic_store(&c->qp->shm->error_req, 1);
+	urdma_progress_kick();
+}
+
+/* Unconfirmed messages, under ord_lock. */
+static bool unc_alloc(struct tcp_conn *c, struct urdma_qp *qp)
+{
+	c->unc_size = roundup_pow2(2 * qp->sq_size + 2);
+	c->unc = calloc(c->unc_size, sizeof(*c->unc));
+	return c->unc != NULL;
+}
+
+static struct tcp_unc *unc_push(struct tcp_conn *c, uint32_t wr_idx,
+				uint8_t kind, uint32_t msn)
+{
+	struct tcp_unc *u = &c->unc[c->unc_tail++ & (c->unc_size - 1)];
+
+	*u = (struct tcp_unc){ .wr_idx = wr_idx, .kind = kind, .msn = msn };
+	return u;
+}
+
+/* Report the unconfirmed messages up to position f: those before it done,
+ * f itself with st.  If st is an error, those after f are flushed and the
+ * outstanding Reads forgotten.  Takes ord_lock. */
+static void unc_settle(struct tcp_conn *c, uint32_t f, enum ibv_wc_status st)
+{
+	struct urdma_qp *qp = c->qp;
+	bool any = false;
+
+	uint32_t fwr = 0;
+
+	pthread_mutex_lock(&c->ord_lock);
+	for (uint32_t i = c->unc_head; i != c->unc_tail && i != f + 1; i++) {
+		struct tcp_unc *u = &c->unc[i & (c->unc_size - 1)];
+
+		urdma_qp_wr_mark(qp, u->wr_idx, i == f ? st : IBV_WC_SUCCESS);
+		fwr = u->wr_idx;
+		c->unc_head = i + 1;
+		any = true;
+	}
+	if (st != IBV_WC_SUCCESS) {
+		for (uint32_t i = c->unc_head; i != c->unc_tail; i++) {
+			struct tcp_unc *u = &c->unc[i & (c->unc_size - 1)];
+
+			if (u->wr_idx != fwr) /* not f's own flush Read */
+				urdma_qp_wr_mark(qp, u->wr_idx,
+						 IBV_WC_WR_FLUSH_ERR);
+			any = true;
+		}
+		c->unc_head = c->unc_tail;
+		for (int i = 0; i < URDMA_MAX_RD_ATOM; i++)
+			c->ord[i].used = false;
+	}
+	pthread_mutex_unlock(&c->ord_lock);
+	if (any)
+		urdma_qp_wr_kick(qp);
+}
+
+/* The position of the response-bearing message with this tag, or tail. */
+static uint32_t unc_find_tag(struct tcp_conn *c, uint32_t tag)
+{
+	uint32_t i;
+
+	pthread_mutex_lock(&c->ord_lock);
+	for (i = c->unc_head; i != c->unc_tail; i++) {
+		struct tcp_unc *u = &c->unc[i & (c->unc_size - 1)];
+
+		if (u->kind >= K_READ && u->tag == tag)
+			break;
+	}
+	pthread_mutex_unlock(&c->ord_lock);
+	return i;
+}
+
+/* Which message a Terminate names, from the DDP header it carries. */
+static uint32_t unc_find_hdr(struct tcp_conn *c, const uint8_t *h, size_t len)
+{
+	uint32_t i, stag, qn, msn;
+	uint64_t to;
+
+	if (len < sizeof(struct ddp_tagged_hdr))
+		return c->unc_head;
+	memcpy(&stag, h + 2, 4);
+	stag = ntohl(stag);
+	memcpy(&to, h + 6, 8);
+	to = be64toh(to);
+	memcpy(&qn, h + 6, 4);
+	qn = ntohl(qn);
+	memcpy(&msn, h + 10, 4);
+	msn = ntohl(msn);
+	pthread_mutex_lock(&c->ord_lock);
+	for (i = c->unc_head; i != c->unc_tail; i++) {
+		struct tcp_unc *u = &c->unc[i & (c->unc_size - 1)];
+
+		if (h[0] & DDP_FLAG_T) {
+			if (u->kind == K_WRITE && u->stag == stag &&
+			    to - u->to <= u->len)
+				break;
+		} else if (len >= sizeof(struct ddp_untagged_hdr) &&
+			   u->msn == msn &&
+			   ((qn == DDP_QN_SEND &&
+			     (u->kind == K_SEND || u->kind == K_WRITE)) ||
+			    (qn == DDP_QN_READ &&
+			     (u->kind == K_READ || u->kind == K_FLUSH)) ||
+			    (qn == DDP_QN_ATOMIC_REQ && u->kind == K_ATOMIC))) {
+			break;
+		}
+	}
+	if (i == c->unc_tail)
+		i = c->unc_head;
+	pthread_mutex_unlock(&c->ord_lock);
+	return i;
+}
+
+/* Terminate the stream for an error in what we received. */
+static void rx_fail(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
+		    uint32_t hdr_len)
+{
+	send_terminate(c, ctrl, hdr, hdr_len);
+	shutdown(c->fd, SHUT_WR);
+	conn_set_dead(c, "protocol error in received data");
+	c->dead_handled = true;
+	unc_settle(c, c->unc_head, IBV_WC_WR_FLUSH_ERR);
+	qp_error_async(c);
+}
+
+/* ---- receiving ---- */
+
+enum { RX_OK, RX_STALL, RX_ERR };
+
+static void rq_notify(struct urdma_qp *qp, bool solicited)
+{
+	struct urdma_shm_qp *s = qp->shm;
+	uint32_t n;
+
+	atomic_thread_fence(memory_order_seq_cst); /* see urdma_req_notify_cq */
+	n = atomic_load_explicit(&s->notify, memory_order_relaxed);
+	if (n == URDMA_NOTIFY_ANY || (n == URDMA_NOTIFY_SOLICITED && solicited))
+		if (atomic_exchange(&s->notify, URDMA_NOTIFY_NONE) !=
+		    URDMA_NOTIFY_NONE)
+			urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
+}
+
+/* Enter our own receive ring as a deliverer (the busy/state handshake of
+ * core/shared.h).  false: the QP no longer receives. */
+static bool rq_enter(struct urdma_qp *qp)
+{
+	struct urdma_shm_qp *s = qp->shm;
+
+	atomic_store(&s->busy, 1);
+	atomic_thread_fence(memory_order_seq_cst);
+	if (atomic_load(&s->state) == URDMA_SQPS_RTR)
+		return true;
+	atomic_store_explicit(&s->busy, 0, memory_order_release);
+	return false;
+}
+
+static void rq_leave(struct urdma_qp *qp)
+{
+	atomic_store_explicit(&qp->shm->busy, 0, memory_order_release);
+}
+
+/* Copy len bytes into spans at byte offset off. */
+static int spans_put(const struct urdma_span *sp, int n, uint64_t off,
+		     const uint8_t *src, uint64_t len)
+{
+	struct urdma_span d[URDMA_MAX_SGE];
+	struct urdma_span s = { .len = len, .ptr = (uint8_t *)src };
+	int k = 0;
+
+	for (int i = 0; i < n; i++) {
+		if (off >= sp[i].len) {
+			off -= sp[i].len;
+			continue;
+		}
+		d[k] = sp[i];
+		d[k].va += off;
+		d[k].len -= off;
+		if (d[k].ptr)
+			d[k].ptr += off;
+		off = 0;
+		k++;
+	}
+	return urdma_copy_spans(NULL, d, k, NULL, &s, 1, len);
+}
+
+static uint32_t lookup_term(int err, bool tagged)
+{
+	switch (err) {
+	case -EINVAL:
+		return tagged ? term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_TAGGED,
+					  TERM_DDP_EC_T_INV_STAG, TERM_HDRCT_D) :
+				term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_PROT,
+					  TERM_RDMAP_EC_INV_STAG, TERM_HDRCT_D);
+	case -ERANGE:
+		return tagged ? term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_TAGGED,
+					  TERM_DDP_EC_T_BOUNDS, TERM_HDRCT_D) :
+				term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_PROT,
+					  TERM_RDMAP_EC_BOUNDS, TERM_HDRCT_D);
+	case -EACCES:
+		return term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_PROT,
+				 TERM_RDMAP_EC_ACCESS, TERM_HDRCT_D);
+	default:
+		return term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_CATASTROPHIC,
+				 TERM_RDMAP_EC_UNSPEC, TERM_HDRCT_D);
+	}
+}
+
+/* Resolve [to, to+len) of one of our MRs for a remote access. */
+static int remote_access(struct urdma_qp *qp, uint32_t stag, uint64_t to,
+			 uint64_t len, uint32_t access, uint64_t *va)
+{
+	if (!len) { /* nothing is touched: no check (a flush is one) */
+		*va = 0;
+		return 0;
+	}
+	if ((qp->shm->access & access) != access)
+		return -EACCES;
+	return urdma_mr_lookup(qp->uctx->shm, stag, to, len, access,
+			       to_upd(qp->ibqp.pd)->id, va);
+}
+
+/* Claim the next receive WR for an arriving message. */
+static int rcv_claim(struct tcp_conn *c, uint32_t *term)
+{
+	struct urdma_qp *qp = c->qp;
+	struct urdma_shm_qp *s = qp->shm;
+	struct urdma_shm_rqe *e;
+	uint32_t done, n;
+
+	if (!rq_enter(qp))
+		return RX_OK; /* not receiving any more: dropped */
+	done = atomic_load(&s->rq_done);
+	if (done == atomic_load_explicit(&s->rq_prod, memory_order_acquire)) {
+		rq_leave(qp);
+		return RX_STALL; /* like RNR: hold the stream until a receive */
+	}
+	e = urdma_rqe(s, done);
+	c->rcv_active = true;
+	c->rcv_idx = done;
+	c->rcv_got = 0;
+	c->rcv_room = 0;
+	c->rcv_n = 0;
+	n = e->num_sge < s->rq_max_sge ? e->num_sge : s->rq_max_sge;
+	for (uint32_t i = 0; i < n; i++) {
+		struct urdma_shm_sge sg = e->sge[i];
+		struct urdma_span *d = &c->rcv_sp[c->rcv_n];
+
+		if (!sg.length)
+			continue;
+		if (urdma_mr_lookup(qp->uctx->shm, sg.lkey, sg.addr, sg.length,
+				    IBV_ACCESS_LOCAL_WRITE, s->pd_id, &d->va)) {
+			e->status = IBV_WC_LOC_PROT_ERR;
+			e->opcode = IBV_WC_RECV;
+			e->byte_len = 0;
+			e->wc_flags = 0;
+			atomic_store_explicit(&s->rq_done, done + 1,
+					      memory_order_release);
+			rq_leave(qp);
+			c->rcv_active = false;
+			*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
+					  TERM_RDMAP_EC_UNSPEC, TERM_HDRCT_D);
+			rq_notify(qp, true);
+			return RX_ERR;
+		}
+		d->len = sg.length;
+		d->ptr = NULL;
+		c->rcv_room += sg.length;
+		c->rcv_n++;
+	}
+	rq_leave(qp);
+	return RX_OK;
+}
+
+/* Complete the claimed receive. */
+static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
+			 enum ibv_wc_opcode op, uint64_t byte_len, bool imm,
+			 uint32_t imm_data, bool solicited)
+{
+	struct urdma_qp *qp = c->qp;
+	struct urdma_shm_qp *s = qp->shm;
+
+	c->rcv_active = false;
+	if (!rq_enter(qp))
+		return;
+	if (atomic_load(&s->rq_done) == c->rcv_idx) {
+		struct urdma_shm_rqe *e = urdma_rqe(s, c->rcv_idx);
+
+		e->status = st;
+		e->opcode = op;
+		e->byte_len = byte_len;
+		e->imm_data = imm_data;
+		e->wc_flags = imm ? IBV_WC_WITH_IMM : 0;
+		e->src_qp = c->peer_qpn;
+		atomic_store_explicit(&s->rq_done, c->rcv_idx + 1,
+				      memory_order_release);
+	}
+	rq_leave(qp);
+	rq_notify(qp, solicited || st != IBV_WC_SUCCESS);
+}
+
+static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
+		   uint32_t *term)
+{
+	struct urdma_qp *qp = c->qp;
+	int r;
+
+	if (m->msn != c->rx_msn[DDP_QN_SEND]) {
+		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
+				  TERM_DDP_EC_U_INV_MSN, TERM_HDRCT_D);
+		return RX_ERR;
+	}
+	if (!m->mo && !c->rcv_active) {
+		r = rcv_claim(c, term);
+		if (r != RX_OK || !c->rcv_active)
+			return r; /* stalled, failed, or dropped */
+	}
+	if (!c->rcv_active)
+		return RX_OK; /* the rest of a dropped message */
+	if (m->mo != c->rcv_got) {
+		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
+				  TERM_DDP_EC_U_INV_MO, TERM_HDRCT_D);
+		return RX_ERR;
+	}
+	if (c->rcv_got + m->len > c->rcv_room) {
+		rcv_complete(c, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0, false, 0,
+			     true);
+		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
+				  TERM_DDP_EC_U_TOO_LONG, TERM_HDRCT_D);
+		return RX_ERR;
+	}
+	if (m->len) {
+		if (!rq_enter(qp)) {
+			c->rcv_active = false;
+			return RX_OK;
+		}
+		r = spans_put(c->rcv_sp, c->rcv_n, c->rcv_got, m->payload,
+			      m->len);
+		rq_leave(qp);
+		if (r) {
+			rcv_complete(c, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0,
+				     false, 0, true);
+			*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
+					  TERM_RDMAP_EC_UNSPEC, TERM_HDRCT_D);
+			return RX_ERR;
+		}
+		c->rcv_got += m->len;
+	}
+	if (m->last) {
+		rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV, c->rcv_got,
+			     c->imm_pending, c->imm, m->opcode == RDMAP_SEND_SE);
+		c->imm_pending = false;
+		c->rx_msn[DDP_QN_SEND]++;
+	}
+	return RX_OK;
+}
+
+static int rx_imm(struct tcp_conn *c, const struct iwarp_msg *m,
+		  uint32_t *term)
+{
+	int r;
+
+	if (m->msn != c->rx_msn[DDP_QN_SEND]) {
+		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
+				  TERM_DDP_EC_U_INV_MSN, TERM_HDRCT_D);
+		return RX_ERR;
+	}
+	if (m->u.imm.flags & URDMA_IMM_FOR_SEND) {
+		c->imm_pending = true;
+		c->imm = m->u.imm.imm;
+		c->rx_msn[DDP_QN_SEND]++;
+		return RX_OK;
+	}
+	r = rcv_claim(c, term);
+	if (r != RX_OK)
+		return r;
+	if (c->rcv_active)
+		rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM,
+			     c->last_write_len, true, m->u.imm.imm,
+			     m->opcode == RDMAP_IMM_SE);
+	c->rx_msn[DDP_QN_SEND]++;
+	return RX_OK;
+}
+
+static int rx_write(struct tcp_conn *c, const struct iwarp_msg *m,
+		    uint32_t *term)
+{
+	uint64_t va;
+	int err = remote_access(c->qp, m->stag, m->to, m->len,
+				IBV_ACCESS_REMOTE_WRITE, &va);
+
+	if (err) {
+		*term = lookup_term(err, true);
+		return RX_ERR;
+	}
+	if (m->len) {
+		struct urdma_span d = { .va = va, .len = m->len };
+		struct urdma_span s = { .len = m->len, .ptr = (uint8_t *)m->payload };
+
+		if (urdma_copy_spans(NULL, &d, 1, NULL, &s, 1, m->len)) {
+			*term = lookup_term(-EFAULT, true);
+			return RX_ERR;
+		}
+	}
+	c->write_len += m->len;
+	if (m->last) {
+		c->last_write_len = c->write_len;
+		c->write_len = 0;
+	}
+	return RX_OK;
+}
+
+static struct tcp_ord *ord_find(struct tcp_conn *c, uint32_t tag, bool atomic)
+{
+	for (int i = 0; i < URDMA_MAX_RD_ATOM; i++)
+		if (c->ord[i].used && c->ord[i].tag == tag &&
+		    c->ord[i].atomic == atomic)
+			return &c->ord[i];
+	return NULL;
+}
+
+static int rx_read_resp(struct tcp_conn *c, const struct iwarp_msg *m,
+			uint32_t *term)
+{
+	struct tcp_ord *o;
+	bool done = false;
+	int r = RX_OK;
+
+	pthread_mutex_lock(&c->ord_lock);
+	o = ord_find(c, m->stag, false);
+	if (!o) {
+		/* The response to a flush: zero-length, one segment. */
+		pthread_mutex_unlock(&c->ord_lock);
+		if (m->len || !m->last)
+			goto bad_stag;
+		goto confirm;
+	}
+	if (m->to != o->got || o->got + m->len > o->len) {
+		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_TAGGED,
+				  TERM_DDP_EC_T_BOUNDS, TERM_HDRCT_D);
+		r = RX_ERR;
+	} else {
+		if (m->len && spans_put(o->sp, o->n, o->got, m->payload, m->len))
+			r = RX_ERR, *term = lookup_term(-EFAULT, true);
+		o->got += m->len;
+		if (m->last && r == RX_OK) {
+			if (o->got != o->len) {
+				*term = term_ctrl(TERM_LAYER_DDP,
+						  TERM_DDP_ET_TAGGED,
+						  TERM_DDP_EC_T_BOUNDS,
+						  TERM_HDRCT_D);
+				r = RX_ERR;
+			} else {
+				o->used = false;
+				done = true;
+			}
+		}
+	}
+	pthread_mutex_unlock(&c->ord_lock);
+	if (!done)
+		return r;
+confirm: {
+	uint32_t f = unc_find_tag(c, m->stag);
+
+	if (f == c->unc_tail)
+		goto bad_stag;
+	unc_settle(c, f, IBV_WC_SUCCESS);
+	return RX_OK;
+}
+bad_stag:
+	*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_TAGGED,
+			  TERM_DDP_EC_T_INV_STAG, TERM_HDRCT_D);
+	return RX_ERR;
+}
+
+static int rx_read_req(struct tcp_conn *c, const struct iwarp_msg *m,
+		       uint32_t *term)
+{
+	const struct rdmap_read_req *rr = &m->u.rr;
+	uint8_t h[sizeof(struct ddp_tagged_hdr)];
+	struct urdma_span sp;
+	uint64_t va;
+	int err;
+
+	if (m->msn != c->rx_msn[DDP_QN_READ]) {
+		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
+				  TERM_DDP_EC_U_INV_MSN, TERM_HDRCT_D);
+		return RX_ERR;
+	}
+	err = remote_access(c->qp, rr->src_stag, rr->src_to, rr->size,
+			    IBV_ACCESS_REMOTE_READ, &va);
+	if (err) {
+		*term = lookup_term(err, false);
+		*term |= TERM_HDRCT_R << 13;
+		return RX_ERR;
+	}
+	c->rx_msn[DDP_QN_READ]++;
+	sp = (struct urdma_span){ .va = va, .len = rr->size };
+	put_tagged(h, RDMAP_READ_RESP, rr->sink_stag, rr->sink_to);
+	pthread_mutex_lock(&c->tx_lock);
+	err = tx_msg(c, h, sizeof(h), &sp, 1, rr->size);
+	pthread_mutex_unlock(&c->tx_lock);
+	if (err == -EFAULT) {
+		*term = lookup_term(-EFAULT, false);
+		return RX_ERR;
+	}
+	return RX_OK;
+}
+
+static int rx_atomic_req(struct tcp_conn *c, const struct iwarp_msg *m,
+			 uint32_t *term)
+{
+	const struct rdmap_atomic_req *a = &m->u.areq;
+	struct rdmap_atomic_resp resp;
+	uint64_t va, avail, orig;
+	uint64_t *p;
+	int err;
+
+	if (m->msn != c->rx_msn[DDP_QN_ATOMIC_REQ]) {
+		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
+				  TERM_DDP_EC_U_INV_MSN, TERM_HDRCT_D);
+		return RX_ERR;
+	}
+	/* We implement the verbs atomics: no masks. */
+	if (a->opcode > ATOMIC_CMP_SWAP ||
+	    (a->opcode == ATOMIC_FETCH_ADD && a->add_swap_mask) ||
+	    (a->opcode == ATOMIC_CMP_SWAP &&
+	     (~a->add_swap_mask || ~a->compare_mask))) {
+		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
+				  TERM_RDMAP_EC_OPCODE, TERM_HDRCT_D);
+		return RX_ERR;
+	}
+	err = remote_access(c->qp, a->stag, a->to, 8, IBV_ACCESS_REMOTE_ATOMIC,
+			    &va);
+	if (!err && (a->to & 7)) {
+		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
+				  TERM_RDMAP_EC_ATOMIC_ALIGN, TERM_HDRCT_D);
+		return RX_ERR;
+	}
+	if (err) {
+		*term = lookup_term(err, false);
+		return RX_ERR;
+	}
+	p = urdma_self_ptr(va, &avail);
+	if (!p || avail < 8) {
+		*term = lookup_term(-EFAULT, false);
+		return RX_ERR;
+	}
+	if (a->opcode == ATOMIC_FETCH_ADD) {
+		orig = __atomic_fetch_add(p, a->add_swap, __ATOMIC_SEQ_CST);
+	} else {
+		orig = a->compare;
+		__atomic_compare_exchange_n(p, &orig, a->add_swap, false,
+					    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+	}
+	c->rx_msn[DDP_QN_ATOMIC_REQ]++;
+	resp.req_id = htonl(a->req_id);
+	resp.orig = htobe64(orig);
+	pthread_mutex_lock(&c->tx_lock);
+	tx_ctrl(c, RDMAP_ATOMIC_RESP, DDP_QN_ATOMIC_RESP, &resp, sizeof(resp));
+	pthread_mutex_unlock(&c->tx_lock);
+	return RX_OK;
+}
+
+static int rx_atomic_resp(struct tcp_conn *c, const struct iwarp_msg *m,
+			  uint32_t *term)
+{
+	struct tcp_ord *o;
+	uint64_t v = m->u.aresp.orig;
+	enum ibv_wc_status st = IBV_WC_SUCCESS;
+	uint32_t f;
+
+	if (m->msn != c->rx_msn[DDP_QN_ATOMIC_RESP]) {
+		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
+				  TERM_DDP_EC_U_INV_MSN, TERM_HDRCT_D);
+		return RX_ERR;
+	}
+	c->rx_msn[DDP_QN_ATOMIC_RESP]++;
+	pthread_mutex_lock(&c->ord_lock);
+	o = ord_find(c, m->u.aresp.req_id, true);
+	if (o) {
+		if (spans_put(o->sp, o->n, 0, (uint8_t *)&v, 8))
+			st = IBV_WC_LOC_PROT_ERR;
+		o->used = false;
+	}
+	pthread_mutex_unlock(&c->ord_lock);
+	f = o ? unc_find_tag(c, m->u.aresp.req_id) : c->unc_tail;
+	if (f == c->unc_tail) {
+		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
+				  TERM_RDMAP_EC_UNSPEC, TERM_HDRCT_D);
+		return RX_ERR;
+	}
+	unc_settle(c, f, st);
+	return RX_OK;
+}
+
+/* What a Terminate from the peer means for our WR. */
+static enum ibv_wc_status term_status(uint32_t ctrl)
+{
+	unsigned layer = TERM_LAYER(ctrl), et = TERM_ETYPE(ctrl),
+		 ec = TERM_ECODE(ctrl);
+
+	if (layer == TERM_LAYER_RDMAP && et == TERM_RDMAP_ET_PROT)
+		return IBV_WC_REM_ACCESS_ERR;
+	if (layer == TERM_LAYER_DDP && et == TERM_DDP_ET_TAGGED)
+		return IBV_WC_REM_ACCESS_ERR;
+	if (layer == TERM_LAYER_DDP && et == TERM_DDP_ET_UNTAGGED &&
+	    ec == TERM_DDP_EC_U_TOO_LONG)
+		return IBV_WC_REM_INV_REQ_ERR;
+	if (layer == TERM_LAYER_RDMAP && et == TERM_RDMAP_ET_OP &&
+	    (ec == TERM_RDMAP_EC_OPCODE || ec == TERM_RDMAP_EC_VERSION ||
+	     ec == TERM_RDMAP_EC_ATOMIC_ALIGN))
+		return IBV_WC_REM_INV_REQ_ERR;
+	return IBV_WC_REM_OP_ERR;
+}
+
+static void rx_terminate(struct tcp_conn *c, const struct iwarp_msg *m)
+{
+	uint32_t ctrl = m->u.term_ctrl;
+
+	urdma_info("tcp: qp %#x: TERMINATE from the peer (layer %u type %u code %#x)",
+		   c->local_qpn, TERM_LAYER(ctrl), TERM_ETYPE(ctrl),
+		   TERM_ECODE(ctrl));
+	conn_set_dead(c, "terminated by the peer");
+	c->dead_handled = true;
+	/* ctrl, DDP segment length, then the DDP header if included */
+	unc_settle(c,
+		   (ctrl >> 13 & TERM_HDRCT_D) && m->len > 6 ?
+			   unc_find_hdr(c, m->payload + 6, m->len - 6) :
+			   c->unc_head,
+		   term_status(ctrl));
+	qp_error_async(c);
+}
+
+static int rx_msg(struct tcp_conn *c, const struct iwarp_msg *m,
+		  uint32_t *term)
+{
+	switch (m->opcode) {
+	case RDMAP_SEND:
+	case RDMAP_SEND_SE:
+		return rx_send(c, m, term);
+	case RDMAP_IMM:
+	case RDMAP_IMM_SE:
+		return rx_imm(c, m, term);
+	case RDMAP_WRITE:
+		return rx_write(c, m, term);
+	case RDMAP_READ_REQ:
+		return rx_read_req(c, m, term);
+	case RDMAP_READ_RESP:
+		return rx_read_resp(c, m, term);
+	case RDMAP_ATOMIC_REQ:
+		return rx_atomic_req(c, m, term);
+	case RDMAP_ATOMIC_RESP:
+		return rx_atomic_resp(c, m, term);
+	case RDMAP_TERMINATE:
+		rx_terminate(c, m);
+		return RX_OK;
+	default:
+		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
+				  TERM_RDMAP_EC_OPCODE, TERM_HDRCT_D);
+		return RX_ERR;
+	}
+}
+
+/* Process what has arrived.  Under rx_lock, state C_UP. */
+static void rx_locked(struct tcp_conn *c)
+{
+	uint32_t st;
+
+	if (c->closing || !c->qp)
+		return;
+	st = atomic_load(&c->qp->shm->state);
+	if (st == URDMA_SQPS_INIT) {
+		/* Connected before our modify to RTR finished: wait for it. */
+		atomic_store(&c->stalled, true);
+		return;
+	}
+	if (st != URDMA_SQPS_RTR)
+		return; /* in error: tcp_maintain closes the stream */
+	atomic_store(&c->stalled, false);
+	for (;;) {
+		size_t off = 0;
+		ssize_t k;
+
+		while (off < c->rlen && !atomic_load(&c->dead)) {
+			struct iwarp_msg m;
+			uint32_t term = 0;
+			long n = iwarp_parse_fpdu(c->rbuf + off, c->rlen - off,
+						  c->crc, &m, &term);
+			int r;
+
+			if (n == 0)
+				break;
+			if (n < 0) {
+				rx_fail(c, term, c->rbuf + off + 2,
+					c->rlen - off - 2 >= 18 ? 18 : 0);
+				return;
+			}
+			r = rx_msg(c, &m, &term);
+			if (r == RX_STALL) {
+				atomic_store(&c->stalled, true);
+				break;
+			}
+			if (r == RX_ERR) {
+				rx_fail(c, term, m.hdr, m.hdr_len);
+				return;
+			}
+			off += n;
+		}
+		if (off) {
+			memmove(c->rbuf, c->rbuf + off, c->rlen - off);
+			c->rlen -= off;
+		}
+		if (atomic_load(&c->stalled) || atomic_load(&c->dead))
+			return;
+		k = recv(c->fd, c->rbuf + c->rlen, RBUF_SIZE - c->rlen,
+			 MSG_DONTWAIT);
+		if (k > 0) {
+			c->rlen += k;
+			continue;
+		}
+		if (k == 0)
+			conn_set_dead(c, "closed by the peer");
+		else if (errno != EAGAIN && errno != EINTR)
+			conn_set_dead(c, strerror(errno));
+		return;
+	}
+}
+
+/* ---- connection setup ---- */
+
+static void fill_pd(struct urdma_mpa_pd *pd, uint32_t src, uint32_t dst,
+		    uint32_t reject)
+{
+	*pd = (struct urdma_mpa_pd){
+		.magic = htonl(URDMA_MPA_MAGIC),
+		.version = htonl(URDMA_MPA_VERSION),
+		.src_qpn = htonl(src),
+		.dst_qpn = htonl(dst),
+		.ird = htonl(URDMA_MAX_RD_ATOM),
+		.ord = htonl(URDMA_MAX_RD_ATOM),
+		.reject = htonl(reject),
+	};
+}
+
+static int send_mpa(int fd, const char *key, uint8_t flags,
+		    const struct urdma_mpa_pd *pd)
+{
+	struct {
+		struct mpa_frame f;
+		struct urdma_mpa_pd pd;
+	} __attribute__((packed)) msg;
+	struct pollfd p = { .fd = fd, .events = POLLOUT };
+	size_t off = 0;
+
+	memcpy(msg.f.key, key, MPA_KEY_LEN);
+	msg.f.flags = flags;
+	msg.f.rev = MPA_REVISION;
+	msg.f.pd_len = htons(sizeof(msg.pd));
+	msg.pd = *pd;
+	while (off < sizeof(msg)) {
+		ssize_t k = send(fd, (uint8_t *)&msg + off, sizeof(msg) - off,
+				 MSG_NOSIGNAL);
+
+		if (k < 0 && errno == EAGAIN && poll(&p, 1, 1000) > 0)
+			continue;
+		if (k <= 0)
+			return -1;
+		off += k;
+	}
+	return 0;
+}
+
+/* Read an MPA frame into rbuf.  1: complete (*pd filled), 0: need more,
+ * -1: broken. */
+static int read_mpa(struct tcp_conn *c, const char *key, struct mpa_frame *f,
+		    struct urdma_mpa_pd *pd)
+{
+	size_t need;
+	ssize_t k;
+
+	k = recv(c->fd, c->rbuf + c->rlen, RBUF_SIZE - c->rlen, MSG_DONTWAIT);
+	if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
+		return -1;
+	if (k > 0)
+		c->rlen += k;
+	if (c->rlen < sizeof(*f))
+		return 0;
+	memcpy(f, c->rbuf, sizeof(*f));
+	if (memcmp(f->key, key, MPA_KEY_LEN) || f->rev != MPA_REVISION ||
+	    ntohs(f->pd_len) > MPA_MAX_PD ||
+	    ntohs(f->pd_len) < sizeof(*pd))
+		return -1;
+	need = sizeof(*f) + ntohs(f->pd_len);
+	if (c->rlen < need)
+		return 0;
+	memcpy(pd, c->rbuf + sizeof(*f), sizeof(*pd));
+	if (ntohl(pd->magic) != URDMA_MPA_MAGIC ||
+	    ntohl(pd->version) != URDMA_MPA_VERSION)
+		return -1;
+	memmove(c->rbuf, c->rbuf + need, c->rlen - need);
+	c->rlen -= need;
+	return 1;
+}
+
+static void set_user_timeout(struct tcp_conn *c, struct urdma_qp *qp)
+{
+	/* Unacknowledged data for longer than the QP's retry budget breaks
+	 * the connection: IBV_WC_RETRY_EXC_ERR (timeout 0: TCP's own). */
+	if (qp->attr.timeout) {
+		uint64_t ns = (4096ull << qp->attr.timeout) *
+			      (qp->attr.retry_cnt + 1);
+		unsigned ms = ns / 1000000 ? ns / 1000000 : 1;
+
+		setsockopt(c->fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
+	}
+}
+
+/* The stream is up.  Under T.lock. */
+static void conn_up(struct tcp_conn *c)
+{
+	struct urdma_qp *qp = c->qp;
+
+	list_del(&c->node);
+	list_init(&c->node);
+	set_user_timeout(c, qp);
+	atomic_store(&c->state, C_UP);
+	__atomic_store_n(&qp->tr_priv, c, __ATOMIC_RELEASE);
+	urdma_progress_watch_events(c->fd, EPOLLIN, URDMA_WATCH_FN, &c->w, true);
+	urdma_dbg("tcp: qp %#x <-> qp %#x connected%s", c->local_qpn,
+		  c->peer_qpn, c->crc ? " (CRC)" : "");
+	if (c->rlen) { /* FPDUs that came with the Reply */
+		pthread_mutex_lock(&c->rx_lock);
+		rx_locked(c);
+		pthread_mutex_unlock(&c->rx_lock);
+	}
+	urdma_qp_progress(qp);
+}
+
+/* Passive side: the QP is ready for this connection.  Under T.lock. */
+static void conn_attach(struct tcp_conn *c, struct urdma_qp *qp, bool crc_req)
+{
+	struct urdma_mpa_pd pd;
+
+	c->qp = qp;
+	c->crc = crc_req || want_crc();
+	if (!unc_alloc(c, qp)) {
+		conn_bury(c);
+		return;
+	}
+	fill_pd(&pd, c->local_qpn, c->peer_qpn, 0);
+	if (send_mpa(c->fd, MPA_KEY_REP, c->crc ? MPA_FLAG_C : 0, &pd)) {
+		conn_bury(c);
+		return;
+	}
+	conn_up(c);
+}
+
+static void reject(struct tcp_conn *c, int why)
+{
+	struct urdma_mpa_pd pd;
+
+	fill_pd(&pd, c->local_qpn, c->peer_qpn, why);
+	send_mpa(c->fd, MPA_KEY_REP, MPA_FLAG_R, &pd);
+	conn_bury(c);
+}
+
+/* Handshake steps, in the progress thread, under T.lock. */
+static void handshake(struct tcp_conn *c, uint32_t events)
+{
+	struct mpa_frame f;
+	struct urdma_mpa_pd pd;
+	int r;
+
+	switch (atomic_load(&c->state)) {
+	case C_CONNECTING: {
+		int err = 0;
+		socklen_t len = sizeof(err);
+
+		if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
+			return;
+		getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len);
+		fill_pd(&pd, c->local_qpn, c->peer_qpn, 0);
+		if (err || send_mpa(c->fd, MPA_KEY_REQ,
+				    want_crc() ? MPA_FLAG_C : 0, &pd)) {
+			urdma_dbg("tcp: qp %#x: connect: %s", c->local_qpn,
+				  strerror(err ? err : errno));
+			goto retry;
+		}
+		atomic_store(&c->state, C_REQ_SENT);
+		urdma_progress_watch_events(c->fd, EPOLLIN, URDMA_WATCH_FN,
+					    &c->w, true);
+		return;
+	}
+	case C_REQ_SENT:
+		r = read_mpa(c, MPA_KEY_REP, &f, &pd);
+		if (r == 0)
+			return;
+		if (r < 0 || (f.flags & MPA_FLAG_R) ||
+		    ntohl(pd.src_qpn) != c->peer_qpn) {
+			urdma_dbg("tcp: qp %#x: qp %#x refused the connection",
+				  c->local_qpn, c->peer_qpn);
+			goto retry;
+		}
+		c->crc = (f.flags & MPA_FLAG_C) || want_crc();
+		conn_up(c);
+		return;
+	case C_WAIT_REQ: {
+		struct tcp_listener *l;
+		struct tcp_qp_reg *reg;
+
+		r = read_mpa(c, MPA_KEY_REQ, &f, &pd);
+		if (r == 0)
+			return;
+		if (r < 0 || (f.flags & MPA_FLAG_M)) {
+			conn_bury(c);
+			return;
+		}
+		c->peer_qpn = ntohl(pd.src_qpn);
+		c->local_qpn = ntohl(pd.dst_qpn);
+		c->crc = f.flags & MPA_FLAG_C;
+		l = listener_of(c->local_qpn);
+		reg = l ? &l->reg[c->local_qpn & 0xff] : NULL;
+		if (!reg || !reg->qp) {
+			reject(c, ENOENT);
+			return;
+		}
+		if (reg->ready && reg->peer_qpn == c->peer_qpn &&
+		    !reg->qp->tr_priv) {
+			conn_attach(c, reg->qp, c->crc);
+			return;
+		}
+		atomic_store(&c->state, C_PENDING_QP);
+		return;
+	}
+	case C_PENDING_QP:
+		/* The peer sends nothing before our Reply: this is EOF or an
+		 * error, or a peer that breaks the protocol. */
+		conn_bury(c);
+		return;
+	default:
+		return;
+	}
+retry:
+	urdma_progress_unwatch(c->fd);
+	close(c->fd);
+	c->fd = -1;
+	c->rlen = 0;
+	c->since_ns = urdma_now_ns();
+	atomic_store(&c->state, C_RETRY);
+}
+
+static int conn_start(struct tcp_conn *c)
+{
+	c->fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (c->fd < 0)
+		return -errno;
+	set_sock_opts(c->fd);
+	atomic_store(&c->state, C_CONNECTING);
+	c->since_ns = urdma_now_ns();
+	if (connect(c->fd, (struct sockaddr *)&c->sa, sizeof(c->sa)) &&
+	    errno != EINPROGRESS) {
+		int err = -errno;
+
+		close(c->fd);
+		c->fd = -1;
+		atomic_store(&c->state, C_RETRY);
+		return err;
+	}
+	return urdma_progress_watch_events(c->fd, EPOLLOUT, URDMA_WATCH_FN,
+					   &c->w, false);
+}
+
+static void conn_cb(struct urdma_watcher *w, uint32_t events)
+{
+	struct tcp_conn *c = (struct tcp_conn *)w;
+
+	if (atomic_load(&c->state) != C_UP) {
+		pthread_mutex_lock(&T.lock);
+		if (atomic_load(&c->state) != C_UP && c->fd >= 0)
+			handshake(c, events);
+		pthread_mutex_unlock(&T.lock);
+		return;
+	}
+	pthread_mutex_lock(&c->rx_lock);
+	rx_locked(c);
+	pthread_mutex_unlock(&c->rx_lock);
+}
+
+/* ---- the transport operations ---- */
+
+/* The peer's address from the QP's AV; only IPv4-mapped or global IPv6. */
+static int peer_addr(struct urdma_qp *qp, const struct ibv_qp_attr *attr,
+		     struct sockaddr_in6 *sa)
+{
+	const union ibv_gid *g = &attr->ah_attr.grh.dgid;
+
+	if (!attr->ah_attr.is_global) {
+		urdma_warn("qp %#x: TCP needs a GID in the address (is_global)",
+			   qp->ibqp.qp_num);
+		return -EINVAL;
+	}
+	if (g->raw[0] == 0xfe && (g->raw[1] & 0xc0) == 0x80) {
+		urdma_warn("qp %#x: link-local GIDs can't be reached over TCP",
+			   qp->ibqp.qp_num);
+		return -EINVAL;
+	}
+	*sa = (struct sockaddr_in6){ .sin6_family = AF_INET6,
+				     .sin6_port = htons(attr->dest_qp_num >> 8) };
+	memcpy(&sa->sin6_addr, g->raw, 16);
+	return 0;
+}
+
+static int tcp_connect(struct urdma_qp *qp, const struct ibv_qp_attr *attr)
+{
+	struct urdma_context *uctx = qp->uctx;
+	uint8_t sidx = attr->ah_attr.grh.sgid_index;
+	const uint8_t *sgid = sidx < uctx->num_gids ?
+				      uctx->gids[sidx].gid.raw :
+				      uctx->gids[0].gid.raw;
+	struct sockaddr_in6 sa;
+	struct tcp_listener *l;
+	struct tcp_conn *c;
+	bool active;
+	int ret = peer_addr(qp, attr, &sa);
+
+	if (ret)
+		return ret;
+	active = qp->ibqp.qp_num < attr->dest_qp_num ||
+		 (qp->ibqp.qp_num == attr->dest_qp_num &&
+		  memcmp(sgid, attr->ah_attr.grh.dgid.raw, 16) < 0);
+	pthread_mutex_lock(&T.lock);
+	l = listener_of(qp->ibqp.qp_num);
+	if (!l) {
+		pthread_mutex_unlock(&T.lock);
+		urdma_warn("qp %#x: not reachable over TCP", qp->ibqp.qp_num);
+		return -EADDRNOTAVAIL;
+	}
+	if (!active) {
+		struct tcp_qp_reg *reg = &l->reg[qp->ibqp.qp_num & 0xff];
+
+		reg->ready = true;
+		reg->peer_qpn = attr->dest_qp_num;
+		list_for_each_entry(c, &T.pending, node) {
+			if (atomic_load(&c->state) == C_PENDING_QP &&
+			    c->local_qpn == qp->ibqp.qp_num &&
+			    c->peer_qpn == attr->dest_qp_num) {
+				conn_attach(c, qp, c->crc);
+				break;
+			}
+		}
+		pthread_mutex_unlock(&T.lock);
+		return 0;
+	}
+	c = conn_new(-1);
+	if (!c) {
+		pthread_mutex_unlock(&T.lock);
+		return -ENOMEM;
+	}
+	c->active = true;
+	c->qp = qp;
+	if (!unc_alloc(c, qp)) {
+		free(c->rbuf);
+		free(c);
+		pthread_mutex_unlock(&T.lock);
+		return -ENOMEM;
+	}
+	c->local_qpn = qp->ibqp.qp_num;
+	c->peer_qpn = attr->dest_qp_num;
+	c->sa = sa;
+	list_add_tail(&c->node, &T.pending);
+	qp->tr_priv = c;
+	ret = conn_start(c);
+	pthread_mutex_unlock(&T.lock);
+	if (ret && ret != -ECONNREFUSED)
+		urdma_dbg("qp %#x: connect: %s", qp->ibqp.qp_num, strerror(-ret));
+	return 0; /* like a NIC: traffic retries, then times out */
+}
+
+static void tcp_disconnect(struct urdma_qp *qp)
+{
+	struct tcp_conn *c = qp->tr_priv;
+	struct tcp_listener *l;
+
+	pthread_mutex_lock(&T.lock);
+	l = listener_of(qp->ibqp.qp_num);
+	if (l)
+		l->reg[qp->ibqp.qp_num & 0xff].ready = false;
+	if (c) {
+		pthread_mutex_lock(&c->rx_lock);
+		c->closing = true;
+		pthread_mutex_unlock(&c->rx_lock);
+		c->qp = NULL;
+		conn_bury(c);
+	}
+	qp->tr_priv = NULL;
+	pthread_mutex_unlock(&T.lock);
+}
+
+static struct tcp_ord *ord_get(struct tcp_conn *c, struct urdma_qp *qp)
+{
+	unsigned max = qp->attr.max_rd_atomic ? qp->attr.max_rd_atomic : 1;
+	unsigned used = 0;
+	struct tcp_ord *free_o = NULL;
+
+	if (max > URDMA_MAX_RD_ATOM)
+		max = URDMA_MAX_RD_ATOM;
+	for (int i = 0; i < URDMA_MAX_RD_ATOM; i++) {
+		if (c->ord[i].used)
+			used++;
+		else if (!free_o)
+			free_o = &c->ord[i];
+	}
+	return used < max ? free_o : NULL;
+}
+
+static int tx_flush_read(struct tcp_conn *c, uint32_t tag)
+{
+	struct rdmap_read_req rr = { .sink_stag = htonl(tag) };
+
+	return tx_ctrl(c, RDMAP_READ_REQ, DDP_QN_READ, &rr, sizeof(rr));
+}
+
+/* Send or Write (with or without immediate data).  Under tx_lock. */
+static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
+			  struct urdma_swqe *w, const struct urdma_span *sp,
+			  int n)
+{
+	bool send = w->opcode == IBV_WR_SEND || w->opcode == IBV_WR_SEND_WITH_IMM;
+	bool imm = w->opcode == IBV_WR_SEND_WITH_IMM ||
+		   w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+	bool se = w->send_flags & IBV_SEND_SOLICITED;
+	bool sig = qp->sq_sig_all || (w->send_flags & IBV_SEND_SIGNALED);
+	uint8_t h[sizeof(struct ddp_untagged_hdr)];
+	uint32_t tag = 0, hl;
+	struct tcp_unc *u;
+	int ret = 0;
+
+	pthread_mutex_lock(&c->ord_lock);
+	u = unc_push(c, qp->sq_head, send ? K_SEND : K_WRITE,
+		     c->tx_msn[DDP_QN_SEND] + (imm && send));
+	u->stag = w->rkey;
+	u->to = w->remote_addr;
+	u->len = w->byte_len;
+	if (sig) {
+		tag = ++c->next_tag;
+		unc_push(c, qp->sq_head, K_FLUSH, c->tx_msn[DDP_QN_READ])->tag =
+			tag;
+	}
+	pthread_mutex_unlock(&c->ord_lock);
+	if (imm && send) {
+		struct rdmap_imm im = { .imm = w->imm_data,
+					.flags = htonl(URDMA_IMM_FOR_SEND) };
+
+		ret = tx_ctrl(c, RDMAP_IMM, DDP_QN_SEND, &im, sizeof(im));
+	}
+	if (!ret && send) {
+		hl = put_untagged(h, se ? RDMAP_SEND_SE : RDMAP_SEND, DDP_QN_SEND,
+				  c->tx_msn[DDP_QN_SEND]++);
+		ret = tx_msg(c, h, hl, sp, n, w->byte_len);
+	} else if (!ret) {
+		hl = put_tagged(h, RDMAP_WRITE, w->rkey, w->remote_addr);
+		ret = tx_msg(c, h, hl, sp, n, w->byte_len);
+		if (!ret && imm) {
+			struct rdmap_imm im = { .imm = w->imm_data };
+
+			ret = tx_ctrl(c, se ? RDMAP_IMM_SE : RDMAP_IMM,
+				      DDP_QN_SEND, &im, sizeof(im));
+		}
+	}
+	if (!ret && sig)
+		tx_flush_read(c, tag);
+	/* A failed write leaves the connection dead: tcp_maintain fails
+	 * the unconfirmed messages, this one first. */
+}
+
+/* Read or atomic.  Under tx_lock. */
+static enum urdma_tx tx_read_atomic(struct tcp_conn *c, struct urdma_qp *qp,
+				    struct urdma_swqe *w,
+				    const struct urdma_span *sp, int n)
+{
+	bool atomic = w->opcode != IBV_WR_RDMA_READ;
+	struct tcp_ord *o;
+	uint32_t tag;
+
+	pthread_mutex_lock(&c->ord_lock);
+	o = ord_get(c, qp);
+	if (!o) {
+		pthread_mutex_unlock(&c->ord_lock);
+		return URDMA_TX_WAIT;
+	}
+	tag = ++c->next_tag;
+	*o = (struct tcp_ord){ .used = true, .atomic = atomic, .tag = tag,
+			       .len = atomic ? 8 : w->byte_len, .n = n };
+	memcpy(o->sp, sp, n * sizeof(sp[0]));
+	unc_push(c, qp->sq_head, atomic ? K_ATOMIC : K_READ,
+		 c->tx_msn[atomic ? DDP_QN_ATOMIC_REQ : DDP_QN_READ])->tag = tag;
+	pthread_mutex_unlock(&c->ord_lock);
+	if (!atomic) {
+		struct rdmap_read_req rr = {
+			.sink_stag = htonl(tag),
+			.size = htonl(w->byte_len),
+			.src_stag = htonl(w->rkey),
+			.src_to = htobe64(w->remote_addr),
+		};
+
+		tx_ctrl(c, RDMAP_READ_REQ, DDP_QN_READ, &rr, sizeof(rr));
+	} else {
+		bool cas = w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+		struct rdmap_atomic_req ar = {
+			.opcode = htonl(cas ? ATOMIC_CMP_SWAP : ATOMIC_FETCH_ADD),
+			.req_id = htonl(tag),
+			.stag = htonl(w->rkey),
+			.to = htobe64(w->remote_addr),
+			.add_swap = htobe64(cas ? w->swap : w->compare_add),
+			.add_swap_mask = cas ? ~0ull : 0,
+			.compare = htobe64(cas ? w->compare_add : 0),
+			.compare_mask = cas ? ~0ull : 0,
+		};
+
+		tx_ctrl(c, RDMAP_ATOMIC_REQ, DDP_QN_ATOMIC_REQ, &ar, sizeof(ar));
+	}
+	return URDMA_TX_POSTED;
+}
+
+static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
+				 enum ibv_wc_status *status)
+{
+	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
+	struct urdma_span sp[URDMA_MAX_SGE];
+	enum urdma_tx r = URDMA_TX_POSTED;
+	bool rd = w->opcode == IBV_WR_RDMA_READ ||
+		  w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		  w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+	int n = 0;
+
+	if (c && atomic_load(&c->dead)) {
+		*status = IBV_WC_RETRY_EXC_ERR;
+		return URDMA_TX_DONE;
+	}
+	if (!c || atomic_load(&c->state) != C_UP)
+		return URDMA_TX_NOT_READY;
+	*status = urdma_local_spans(qp, w, sp, &n,
+				    rd ? IBV_ACCESS_LOCAL_WRITE : 0);
+	if (*status != IBV_WC_SUCCESS)
+		return URDMA_TX_DONE;
+	pthread_mutex_lock(&c->tx_lock);
+	if (rd)
+		r = tx_read_atomic(c, qp, w, sp, n);
+	else
+		tx_send_write(c, qp, w, sp, n);
+	pthread_mutex_unlock(&c->tx_lock);
+	return r;
+}
+
+/* How long a QP keeps its receives after the peer closed (see
+ * qp.c's peer_loss_grace_ns: a peer that exits right after its last
+ * message must not flush what the application has yet to poll). */
+static uint64_t grace_ns(struct urdma_qp *qp)
+{
+	if (!qp->attr.timeout)
+		return 1000000000ull;
+	return (4096ull << qp->attr.timeout) * (qp->attr.retry_cnt + 1);
+}
+
+static bool tcp_maintain(struct urdma_qp *qp)
+{
+	struct tcp_conn *c = qp->tr_priv;
+	uint64_t now = urdma_now_ns();
+	bool again = false;
+
+	if (!c)
+		return false;
+	if (atomic_load(&c->state) == C_RETRY) {
+		pthread_mutex_lock(&T.lock);
+		if (atomic_load(&c->state) == C_RETRY &&
+		    now - c->since_ns >= RETRY_CONNECT_NS)
+			conn_start(c);
+		pthread_mutex_unlock(&T.lock);
+		return true;
+	}
+	if (atomic_load(&c->state) != C_UP)
+		return false;
+	if (atomic_load(&qp->shm->state) == URDMA_SQPS_ERR &&
+	    !atomic_load(&c->dead)) {
+		/* The peer learns it from the stream's end. */
+		shutdown(c->fd, SHUT_RDWR);
+		conn_set_dead(c, "local QP in error");
+		c->dead_handled = true;
+		unc_settle(c, c->unc_head, IBV_WC_WR_FLUSH_ERR);
+		return false;
+	}
+	if (atomic_load(&c->stalled) && !pthread_mutex_trylock(&c->rx_lock)) {
+		rx_locked(c);
+		pthread_mutex_unlock(&c->rx_lock);
+		again |= atomic_load(&c->stalled);
+	}
+	if (atomic_load(&c->dead) && !c->dead_handled) {
+		bool busy;
+
+		pthread_mutex_lock(&c->ord_lock);
+		busy = c->unc_head != c->unc_tail;
+		pthread_mutex_unlock(&c->ord_lock);
+		/* Unconfirmed messages fail at once: the first one with
+		 * RETRY_EXC_ERR, as when a NIC's retries run out. */
+		if (busy || now - c->dead_ns >= grace_ns(qp)) {
+			c->dead_handled = true;
+			unc_settle(c, c->unc_head, IBV_WC_RETRY_EXC_ERR);
+			urdma_qp_set_error(qp, true);
+		} else {
+			again = true;
+		}
+	}
+	return again;
+}
+
+static void tcp_poll(struct urdma_qp *qp)
+{
+	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
+
+	if (!c || atomic_load(&c->state) != C_UP ||
+	    pthread_mutex_trylock(&c->rx_lock))
+		return;
+	rx_locked(c);
+	pthread_mutex_unlock(&c->rx_lock);
+}
+
+static void tcp_recv_posted(struct urdma_qp *qp)
+{
+	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
+
+	if (c && atomic_load(&c->stalled))
+		urdma_progress_kick();
+}
+
+const struct urdma_transport_ops urdma_tcp_transport = {
+	.name = "tcp",
+	.connect = tcp_connect,
+	.disconnect = tcp_disconnect,
+	.execute = tcp_execute,
+	.maintain = tcp_maintain,
+	.poll = tcp_poll,
+	.recv_posted = tcp_recv_posted,
+};

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# urdma's TCP wire format as Wireshark's iWARP dissectors see it.  For each
+# workload (ibv_rc_pingpong -g N, ib_write_bw, ib_read_bw, ib_send_bw; server
+# in namespace A, client in namespace B, URDMA_TRANSPORT=tcp), tshark captures
+# the TCP traffic on the veth in B (without the programs' own out-of-band port)
+# and decodes it with the MPA (iwarp_mpa) and DDP/RDMAP (iwarp_ddp_rdmap)
+# dissectors.  A workload passes when both programs pass and the capture has:
+#   (a) an MPA Request and Reply per connection, MPA FPDUs, and the RDMAP
+#       messages of the workload (Send / RDMA Write / Read Request + Response);
+#   (b) no malformed frame, no expert warning or error but TCP's own (D-SACK,
+#       window full, reset: TCP at work, not our format), no bad MPA CRC, no TCP
+#       payload outside a decoded MPA frame.
+# Usage: wire_check.sh BUILD_DIR     (exit 0 pass, 1 fail, 77 skip: not root)
+COMPAT_BUDGET=${COMPAT_BUDGET:-200}   # seconds, for all cases
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=../compat/common.sh
+. "$HERE/../compat/common.sh"
+# shellcheck source-path=SCRIPTDIR source=netns.sh
+. "$HERE/netns.sh"
+compat_init "${1:-}"
+need_cmd ibv_rc_pingpong ibverbs-utils
+need_cmd ib_write_bw perftest
+if ! command -v tshark >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v debconf-set-selections >/dev/null 2>&1; then
+    # Keep the install non-interactive (and dumpcap not setuid).
+    echo 'wireshark-common wireshark-common/install-setuid boolean false' | debconf-set-selections
+fi
+need_cmd tshark tshark
+netns_setup_or_skip
+net_hosts || exit 1
+PAIR_NETNS=$SRV_NS
+
+PORT_BASE=${NET_WIRE_PORT:-18900}
+T=${NET_WIRE_TIMEOUT:-40}    # per process, seconds
+DEV=${COMPAT_DEVICE:-urdma0}
+
+# MPA has no port of its own: its heuristic dissector claims a TCP stream that
+# starts with an MPA Request.  Heuristics first, so a kernel-chosen port that
+# Wireshark knows for another protocol does not hide the stream.  RPC-over-RDMA
+# and SMB Direct would try to decode Send payloads: not ours.  One pass: in a
+# second one the MPA dissector does not repeat the expert infos of an MPA
+# Request; but UNDECODED needs two (-2), so tcp.reassembled_in is known.
+TSHARK_IWARP=(-o tcp.try_heuristic_first:TRUE --enable-heuristic iwarp_mpa_tcp
+              --disable-protocol rpcordma --disable-protocol smb_direct)
+UNDECODED='tcp.len > 0 && !iwarp_mpa && !tcp.reassembled_in'
+
+CAP_PID=""
+# capture_start NAME OOB_PORT: capture on VETH_B; sets CAP_FILE, CAP_LOG.
+capture_start() {
+    CAP_FILE=$WORK/$1.pcapng
+    CAP_LOG=$WORK/$1.tshark.log
+    : >"$CAP_LOG"
+    ip netns exec "$NS_B" timeout -k 2 $((T * 2)) \
+        tshark -n -i "$VETH_B" -B 64 -f "tcp and not port $2" -w "$CAP_FILE" >"$CAP_LOG" 2>&1 &
+    CAP_PID=$!
+    COMPAT_BG_PIDS+=("$CAP_PID")
+    local i=0
+    until grep -q '^Capturing on' "$CAP_LOG"; do
+        if ! kill -0 "$CAP_PID" 2>/dev/null || [ "$i" -ge 200 ]; then
+            show_log "$CAP_LOG" "tshark"
+            return 1
+        fi
+        sleep 0.05
+        i=$((i + 1))
+    done
+}
+
+capture_stop() {
+    sleep 1    # dumpcap reads the kernel buffer in batches (every 250 ms)
+    kill -TERM "$CAP_PID" 2>/dev/null
+    wait "$CAP_PID"
+}
+
+# iwarp_counts FILE: "req rep fpdus write readreq readresp send terminate other"
+iwarp_counts() {
+    tshark -r "$1" "${TSHARK_IWARP[@]}" -Y iwarp_mpa -T fields -E occurrence=a -E aggregator=, \
+        -e iwarp_mpa.key.req -e iwarp_mpa.key.rep -e iwarp_mpa.ulpdulength -e iwarp_rdma.opcode 2>/dev/null |
+    awk -F'\t' '
+        function n(s) { return s == "" ? 0 : split(s, _, ",") }
+        { req += n($1); rep += n($2); fpdu += n($3)
+          k = split($4, op, ",")
+          for (i = 1; i <= k; i++) {
+              o = op[i] + 0
+              if (o == 0) w++; else if (o == 1) rr++; else if (o == 2) rs++
+              else if (o >= 3 && o <= 6) s++; else if (o == 7) t++; else other++
+          } }
+        END { print req + 0, rep + 0, fpdu + 0, w + 0, rr + 0, rs + 0, s + 0, t + 0, other + 0 }'
+}
+
+# expert_rows FILE: the expert infos at Warning and above, one per line:
+# "PROTOCOL GROUP COUNT SUMMARY".
+expert_rows() {
+    tshark -r "$1" "${TSHARK_IWARP[@]}" -q -z expert,warn 2>/dev/null |
+        awk '$1 ~ /^[0-9]+$/ && NF >= 4 { n = $1; g = $2; p = $3; $1 = $2 = $3 = ""
+                                          sub(/^ +/, ""); print p, g, n, $0 }'
+}
+
+# decode NAME FILE EXPECTED...: check the capture; EXPECTED are the RDMAP
+# messages that must appear: send, write, read.
+decode() {
+    local name=$1 file=$2
+    shift 2
+    local base=${file%.pcapng} req rep fpdu w rr rs s t other good bad nbad nundec why="" e
+    read -r req rep fpdu w rr rs s t other < <(iwarp_counts "$file")
+    # A bad CRC is no expert info, only the text of the CRC check field.
+    tshark -r "$file" "${TSHARK_IWARP[@]}" -V -O iwarp_mpa >"$base.mpa" 2>/dev/null
+    good=$(grep -c '(Good CRC32)' "$base.mpa")
+    bad=$(grep -c '(Bad CRC32' "$base.mpa")
+    expert_rows "$file" >"$base.expert"
+    awk '!($1 == "TCP" && $2 != "Malformed")' "$base.expert" >"$base.bad"
+    tshark -r "$file" "${TSHARK_IWARP[@]}" -2 -Y "$UNDECODED" >"$base.undecoded" 2>/dev/null
+    nbad=$(grep -c . "$base.bad")
+    nundec=$(grep -c . "$base.undecoded")
+    if [ "$fpdu" -gt 0 ] && [ $((good + bad)) -eq 0 ]; then
+        log "  MPA: $req request(s), $rep reply(s), $fpdu FPDUs without CRC (not negotiated)"
+    else
+        log "  MPA: $req request(s), $rep reply(s), $fpdu FPDUs; CRC: $good good, $bad bad"
+    fi
+    log "  RDMAP: Write $w, Read Request $rr, Read Response $rs, Send $s, Terminate $t, other $other"
+    log "  expert infos >= warning (but TCP's): $nbad; frames of TCP payload outside MPA: $nundec"
+    awk '$1 == "TCP" && $2 != "Malformed" { print "  (TCP, not counted: " $0 ")" }' "$base.expert"
+    [ "$req" -ge 1 ] && [ "$rep" -eq "$req" ] || why="MPA requests/replies $req/$rep"
+    [ "$fpdu" -ge 1 ] || why="${why:+$why, }no MPA FPDU"
+    for e in "$@"; do
+        case $e in
+            send) [ "$s" -ge 1 ] || why="${why:+$why, }no Send" ;;
+            write) [ "$w" -ge 1 ] || why="${why:+$why, }no RDMA Write" ;;
+            read) [ "$rr" -ge 1 ] && [ "$rs" -ge 1 ] || why="${why:+$why, }no RDMA Read Request/Response" ;;
+        esac
+    done
+    [ "$bad" -eq 0 ] || why="${why:+$why, }$bad bad CRC(s)"
+    [ "$nbad" -eq 0 ] || why="${why:+$why, }malformed packets or expert warnings"
+    [ "$nundec" -eq 0 ] || why="${why:+$why, }$nundec frame(s) of undecoded TCP payload"
+    if grep -qiE '[1-9][0-9]* packets? dropped' "$CAP_LOG"; then
+        why="${why:+$why, }capture dropped packets: $(grep -iE 'dropped' "$CAP_LOG" | tr '\n' ' ')"
+    fi
+    if [ -z "$why" ]; then
+        pass "$name: wire format"
+        return
+    fi
+    fail "$name: wire format" "$why"
+    [ "$nbad" -eq 0 ] || show_log "$base.bad" "malformed packets, expert warnings and errors"
+    [ "$nundec" -eq 0 ] || show_log "$base.undecoded" "frames with undecoded TCP payload"
+    log "  capture: $file (kept with COMPAT_KEEP_LOGS=1)"
+}
+
+# name | program and arguments (both sides) | GID flag | expected RDMAP messages
+CASES=(
+    "rc_pingpong|ibv_rc_pingpong -n 200|-g|send"
+    "write_bw|ib_write_bw -d $DEV -F -n 200|-x|write"
+    "read_bw|ib_read_bw -d $DEV -F -n 200|-x|read"
+    "send_bw|ib_send_bw -d $DEV -F -n 200|-x|send"
+)
+
+log "tshark: $(tshark --version 2>/dev/null | head -n 1)"
+port=$PORT_BASE
+for c in "${CASES[@]}"; do
+    IFS='|' read -r cname prog gflag expect <<<"$c"
+    name="wire $cname"
+    budget_left "$name" || continue
+    port=$(free_port "$port")
+    log "== $name"
+    if ! capture_start "$cname" "$port"; then
+        fail "$name" "tshark did not start capturing on $VETH_B"
+        continue
+    fi
+    run_pair "$name" "$T" "$port" \
+        "$SRV_RUN $prog -p $port $gflag $SRV_GID" \
+        "$CLI_RUN $prog -p $port $gflag $CLI_GID $SRV_IP"
+    capture_stop
+    pair_result "$name" ''
+    # shellcheck disable=SC2086  # the expected messages are words
+    decode "$name" "$CAP_FILE" $expect
+    port=$((port + 1))
+done
+
+finish
