@@ -109,6 +109,8 @@ struct tcp_conn {
 	uint32_t imm;
 	uint64_t write_len, last_write_len;
 	_Atomic bool stalled; /* a Send waits for a receive WR */
+	_Atomic uint64_t last_poll_ns; /* an application thread polled */
+	_Atomic bool unread;	       /* the progress thread left data */
 	/* send side, under tx_lock */
 	uint32_t tx_msn[DDP_NUM_QN];
 	/* outstanding Reads and atomics, unconfirmed messages: ord_lock */
@@ -685,8 +687,8 @@ static void rx_fail(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
 {
 	send_terminate(c, ctrl, hdr, hdr_len);
 	shutdown(c->fd, SHUT_WR);
-	conn_set_dead(c, "protocol error in received data");
 	c->dead_handled = true;
+	conn_set_dead(c, "protocol error in received data");
 	unc_settle(c, c->unc_head, IBV_WC_WR_FLUSH_ERR);
 	qp_error_async(c);
 }
@@ -1188,8 +1190,8 @@ static void rx_terminate(struct tcp_conn *c, const struct iwarp_msg *m)
 	urdma_info("tcp: qp %#x: TERMINATE from the peer (layer %u type %u code %#x)",
 		   c->local_qpn, TERM_LAYER(ctrl), TERM_ETYPE(ctrl),
 		   TERM_ECODE(ctrl));
+	c->dead_handled = true; /* before tcp_maintain can see 'dead' */
 	conn_set_dead(c, "terminated by the peer");
-	c->dead_handled = true;
 	/* ctrl, DDP segment length, then the DDP header if included */
 	unc_settle(c,
 		   (ctrl >> 13 & TERM_HDRCT_D) && m->len > 6 ?
@@ -1393,7 +1395,10 @@ static void conn_up(struct tcp_conn *c)
 	set_user_timeout(c, qp);
 	atomic_store(&c->state, C_UP);
 	__atomic_store_n(&qp->tr_priv, c, __ATOMIC_RELEASE);
-	urdma_progress_watch_events(c->fd, EPOLLIN, URDMA_WATCH_FN, &c->w, true);
+	/* Edge-triggered: one wake-up per arrival, which the progress thread
+	 * leaves to an application that is polling anyway. */
+	urdma_progress_watch_events(c->fd, EPOLLIN | EPOLLET, URDMA_WATCH_FN,
+				    &c->w, true);
 	urdma_dbg("tcp: qp %#x <-> qp %#x connected%s", c->local_qpn,
 		  c->peer_qpn, c->crc ? " (CRC)" : "");
 	if (c->rlen) { /* FPDUs that came with the Reply */
@@ -1538,6 +1543,15 @@ static int conn_start(struct tcp_conn *c)
 					   &c->w, false);
 }
 
+#define POLLING_NS 200000ull
+
+/* An application thread polled this connection within the last 200 us:
+ * it will take what arrives sooner than a woken thread would. */
+static bool app_polling(struct tcp_conn *c)
+{
+	return urdma_now_ns() - atomic_load(&c->last_poll_ns) < POLLING_NS;
+}
+
 static void conn_cb(struct urdma_watcher *w, uint32_t events)
 {
 	struct tcp_conn *c = (struct tcp_conn *)w;
@@ -1550,7 +1564,13 @@ static void conn_cb(struct urdma_watcher *w, uint32_t events)
 		return;
 	}
 	pthread_mutex_lock(&c->rx_lock);
-	rx_locked(c);
+	/* Leave it to a polling application, unless it armed its CQ to
+	 * sleep (then it waits for us). */
+	if (c->qp && !c->closing && app_polling(c) &&
+	    !atomic_load(&c->qp->shm->notify))
+		atomic_store(&c->unread, true); /* tcp_maintain checks later */
+	else
+		rx_locked(c);
 	pthread_mutex_unlock(&c->rx_lock);
 }
 
@@ -1820,16 +1840,6 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	return r;
 }
 
-/* How long a QP keeps its receives after the peer closed (see
- * qp.c's peer_loss_grace_ns: a peer that exits right after its last
- * message must not flush what the application has yet to poll). */
-static uint64_t grace_ns(struct urdma_qp *qp)
-{
-	if (!qp->attr.timeout)
-		return 1000000000ull;
-	return (4096ull << qp->attr.timeout) * (qp->attr.retry_cnt + 1);
-}
-
 static bool tcp_maintain(struct urdma_qp *qp)
 {
 	struct tcp_conn *c = qp->tr_priv;
@@ -1850,14 +1860,21 @@ static bool tcp_maintain(struct urdma_qp *qp)
 		return false;
 	if (atomic_load(&qp->shm->state) == URDMA_SQPS_ERR &&
 	    !atomic_load(&c->dead)) {
-		/* The peer learns it from the stream's end. */
+		/* The peer learns it from the stream's end: its unconfirmed
+		 * WRs fail as if our QP had stopped answering. */
 		shutdown(c->fd, SHUT_RDWR);
-		conn_set_dead(c, "local QP in error");
 		c->dead_handled = true;
+		conn_set_dead(c, "local QP in error");
 		unc_settle(c, c->unc_head, IBV_WC_WR_FLUSH_ERR);
 		return false;
 	}
-	if (atomic_load(&c->stalled) && !pthread_mutex_trylock(&c->rx_lock)) {
+	if (atomic_load(&c->unread) && !app_polling(c))
+		atomic_store(&c->unread, false);
+	else if (atomic_load(&c->unread))
+		again = true; /* look again in 2 ms */
+	if ((atomic_load(&c->stalled) || (!atomic_load(&c->unread) &&
+					   !app_polling(c))) &&
+	    !pthread_mutex_trylock(&c->rx_lock)) {
 		rx_locked(c);
 		pthread_mutex_unlock(&c->rx_lock);
 		again |= atomic_load(&c->stalled);
@@ -1869,13 +1886,12 @@ static bool tcp_maintain(struct urdma_qp *qp)
 		busy = c->unc_head != c->unc_tail;
 		pthread_mutex_unlock(&c->ord_lock);
 		/* Unconfirmed messages fail at once: the first one with
-		 * RETRY_EXC_ERR, as when a NIC's retries run out. */
-		if (busy || now - c->dead_ns >= grace_ns(qp)) {
+		 * RETRY_EXC_ERR, as when a NIC's retries run out.  An idle QP
+		 * stays as it is, as on InfiniBand: its next WR fails. */
+		if (busy) {
 			c->dead_handled = true;
 			unc_settle(c, c->unc_head, IBV_WC_RETRY_EXC_ERR);
 			urdma_qp_set_error(qp, true);
-		} else {
-			again = true;
 		}
 	}
 	return again;
@@ -1885,8 +1901,11 @@ static void tcp_poll(struct urdma_qp *qp)
 {
 	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
 
-	if (!c || atomic_load(&c->state) != C_UP ||
-	    pthread_mutex_trylock(&c->rx_lock))
+	if (!c || atomic_load(&c->state) != C_UP)
+		return;
+	atomic_store_explicit(&c->last_poll_ns, urdma_now_ns(),
+			      memory_order_relaxed);
+	if (pthread_mutex_trylock(&c->rx_lock))
 		return;
 	rx_locked(c);
 	pthread_mutex_unlock(&c->rx_lock);
