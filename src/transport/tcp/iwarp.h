@@ -18,6 +18,7 @@
 #define URDMA_IWARP_H
 
 #include <assert.h>
+#include <endian.h>
 #include <stdint.h>
 
 /* ---- MPA (RFC 5044 section 7) ---- */
@@ -208,6 +209,11 @@ static_assert(sizeof(struct rdmap_imm) == 8, "immediate data");
 /* The largest FPDU we send: 64 KiB of DDP payload at most per segment. */
 #define IWARP_MAX_ULPDU 65535u
 #define IWARP_SEG_PAYLOAD 65488u /* 65535 - 18 header, rounded to 16 */
+
+/* The MPA CRC field carries the CRC32c value least significant byte
+ * first, as iSCSI's digests do (what Wireshark's MPA dissector checks). */
+#define MPA_CRC_WIRE(v) htole32(v)
+#define MPA_CRC_HOST(v) le32toh(v)
 
 static inline uint32_t iwarp_fpdu_len(uint32_t ulpdu_len)
 {

@@ -105,7 +105,10 @@ long iwarp_parse_fpdu(const uint8_t *buf, size_t avail, bool crc,
 	if (avail < wire)
 		return 0;
 	if (crc) {
-		uint32_t want = get32(buf + wire - 4);
+		uint32_t want;
+
+		memcpy(&want, buf + wire - 4, 4);
+		want = MPA_CRC_HOST(want);
 
 		if (urdma_crc32c(buf, wire - 4) != want) {
 			*term = term_ctrl(TERM_LAYER_MPA, TERM_MPA_ET_ERR,

@@ -113,6 +113,8 @@ struct tcp_conn {
 	_Atomic bool unread;	       /* the progress thread left data */
 	/* send side, under tx_lock */
 	uint32_t tx_msn[DDP_NUM_QN];
+	uint8_t tx_tail[64]; /* an FPDU to send with the next message's end */
+	uint32_t tx_tail_len;
 	/* outstanding Reads and atomics, unconfirmed messages: ord_lock */
 	struct tcp_ord ord[URDMA_MAX_RD_ATOM];
 	uint32_t next_tag;
@@ -486,7 +488,7 @@ static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		memset(s->trailer, 0, 4);
 		if (c->crc)
 			crc = urdma_crc32c_update(crc, s->trailer, pad);
-		be = c->crc ? htonl(~crc) : 0;
+		be = c->crc ? MPA_CRC_WIRE(~crc) : 0;
 		memcpy(s->trailer + pad, &be, 4);
 		iov[niov++] = (struct iovec){ s->trailer, pad + 4 };
 		off += plen;
@@ -498,6 +500,10 @@ static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 			nseg = 0;
 		}
 	} while (off < len);
+	if (c->tx_tail_len) {
+		iov[niov++] = (struct iovec){ c->tx_tail, c->tx_tail_len };
+		c->tx_tail_len = 0;
+	}
 	return niov ? tx_all(c, iov, niov) : 0;
 }
 
@@ -1701,11 +1707,25 @@ static struct tcp_ord *ord_get(struct tcp_conn *c, struct urdma_qp *qp)
 	return used < max ? free_o : NULL;
 }
 
-static int tx_flush_read(struct tcp_conn *c, uint32_t tag)
+/* The flush Read goes out in the same writev as the end of the message it
+ * follows, so a peer that takes the message also finds the Read (and
+ * answers it) before its application can see the completion and exit. */
+static void tx_flush_read_tail(struct tcp_conn *c, uint32_t tag)
 {
 	struct rdmap_read_req rr = { .sink_stag = htonl(tag) };
+	uint8_t *b = c->tx_tail;
+	uint32_t n = put_untagged(b + 2, RDMAP_READ_REQ, DDP_QN_READ,
+				  c->tx_msn[DDP_QN_READ]++);
+	uint32_t ulpdu = n + sizeof(rr), wire = iwarp_fpdu_len(ulpdu), crc;
 
-	return tx_ctrl(c, RDMAP_READ_REQ, DDP_QN_READ, &rr, sizeof(rr));
+	b[0] = ulpdu >> 8;
+	b[1] = ulpdu & 0xff;
+	b[2] |= DDP_FLAG_L;
+	memcpy(b + 2 + n, &rr, sizeof(rr));
+	memset(b + 2 + ulpdu, 0, wire - 2 - ulpdu);
+	crc = c->crc ? MPA_CRC_WIRE(urdma_crc32c(b, wire - 4)) : 0;
+	memcpy(b + wire - 4, &crc, 4);
+	c->tx_tail_len = wire;
 }
 
 /* Send or Write (with or without immediate data).  Under tx_lock. */
@@ -1741,6 +1761,8 @@ static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
 
 		ret = tx_ctrl(c, RDMAP_IMM, DDP_QN_SEND, &im, sizeof(im));
 	}
+	if (sig && !(imm && !send))
+		tx_flush_read_tail(c, tag); /* rides with the message's end */
 	if (!ret && send) {
 		hl = put_untagged(h, se ? RDMAP_SEND_SE : RDMAP_SEND, DDP_QN_SEND,
 				  c->tx_msn[DDP_QN_SEND]++);
@@ -1751,12 +1773,13 @@ static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
 		if (!ret && imm) {
 			struct rdmap_imm im = { .imm = w->imm_data };
 
+			if (sig)
+				tx_flush_read_tail(c, tag);
 			ret = tx_ctrl(c, se ? RDMAP_IMM_SE : RDMAP_IMM,
 				      DDP_QN_SEND, &im, sizeof(im));
 		}
 	}
-	if (!ret && sig)
-		tx_flush_read(c, tag);
+	c->tx_tail_len = 0; /* sent, or the stream is dead */
 	/* A failed write leaves the connection dead: tcp_maintain fails
 	 * the unconfirmed messages, this one first. */
 }
