@@ -11,7 +11,7 @@
 #                           with the reason in NETNS_ERROR (not root, no CAP_NET_ADMIN)
 #   netns_setup_or_skip     netns_setup, or print SKIP and exit 77
 #   netns_cleanup           kill what still runs in the namespaces, delete them
-#   in_ns NS CMD...         run CMD in namespace NS
+#   in_ns NS CMD...         run CMD in namespace NS (NS empty: in this one)
 #   netns_link_down / netns_link_up     take the veth pair down / up (VETH_A in NS_A)
 #   netns_gid_index NS IPV4 print urdma's GID index of ::ffff:IPV4 as seen in NS
 #                           (each namespace has its own GID table); needs $URDMA
@@ -111,7 +111,11 @@ netns_setup_or_skip() {
 in_ns() {
     local ns=$1
     shift
-    ip netns exec "$ns" "$@"
+    if [ -n "$ns" ]; then
+        ip netns exec "$ns" "$@"
+    else
+        "$@"
+    fi
 }
 
 netns_link_down() { ip -n "$NS_A" link set "$VETH_A" down; }
@@ -146,7 +150,9 @@ net_hosts() {
         CLI_NS=$NS_B
         CLI_IP=$IP_B
     fi
+    # shellcheck disable=SC2034  # for the scripts that source this file
     SRV_RUN="ip netns exec $SRV_NS env URDMA_TRANSPORT=$NET_TRANSPORT URDMA_SHM_DIR=$WORK/shm-$SRV_NS $URDMA run"
+    # shellcheck disable=SC2034
     CLI_RUN="ip netns exec $CLI_NS env URDMA_TRANSPORT=$NET_TRANSPORT URDMA_SHM_DIR=$WORK/shm-$CLI_NS $URDMA run"
     if ! SRV_GID=$(netns_gid_index "$SRV_NS" "$SRV_IP") || ! CLI_GID=$(netns_gid_index "$CLI_NS" "$CLI_IP"); then
         printf 'FAIL: no GID of %s or %s in urdma devices inside the namespaces:\n' "$SRV_IP" "$CLI_IP"
