@@ -4,8 +4,8 @@
 # anyone else it names them.  Usage: scripts/deps.sh build|check|bench
 set -u
 need_build=(cmake gcc make pkg-config libibverbs-dev librdmacm-dev)
-need_check=(ibverbs-utils perftest iproute2 procps tshark)
-need_bench=(ucx-utils libfabric-bin iperf3 sockperf)
+need_check=(ibverbs-utils perftest iproute2 procps)
+need_bench=(ucx-utils libfabric-bin)
 have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 pkgs=("${need_build[@]}")
 case "${1:-build}" in
@@ -22,6 +22,4 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "installing: ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-# tshark: dumpcap not setuid, and no question asked.
-echo 'wireshark-common wireshark-common/install-setuid boolean false' | debconf-set-selections
 apt-get update -qq >/dev/null && apt-get install -y -qq "${missing[@]}" >/dev/null
