@@ -135,6 +135,8 @@ struct tcp_qp_reg {
 
 struct tcp_listener {
 	struct urdma_watcher w;
+	struct list_head node; /* in T.lgrave once closed */
+	uint64_t since_ns;
 	int fd;
 	uint16_t port;
 	int nqps;
@@ -146,10 +148,12 @@ static struct {
 	struct tcp_listener *ls[256];
 	struct list_head pending; /* passive conns waiting for their QP */
 	struct list_head grave;	  /* closed conns, freed by urdma_tcp_reap */
+	struct list_head lgrave;  /* closed listeners, likewise */
 } T = {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
 	.pending = LIST_HEAD_INIT(T.pending),
 	.grave = LIST_HEAD_INIT(T.grave),
+	.lgrave = LIST_HEAD_INIT(T.lgrave),
 };
 
 static bool want_crc(void)
@@ -232,6 +236,13 @@ void urdma_tcp_reap(void)
 		free(c->unc);
 		free(c);
 	}
+	/* An event fetched before the unwatch may still name a listener:
+	 * free it only after this batch (the caller runs between batches). */
+	struct tcp_listener *l, *ln;
+	list_for_each_entry_safe(l, ln, &T.lgrave, node) {
+		list_del(&l->node);
+		free(l);
+	}
 	pthread_mutex_unlock(&T.lock);
 }
 
@@ -241,9 +252,14 @@ static void listener_cb(struct urdma_watcher *w, uint32_t events)
 	(void)events;
 
 	for (;;) {
-		int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		struct tcp_conn *c;
+		int fd;
 
+		pthread_mutex_lock(&T.lock);
+		fd = l->fd < 0 ? -1 : /* closed: in T.lgrave */
+			     accept4(l->fd, NULL, NULL,
+				     SOCK_NONBLOCK | SOCK_CLOEXEC);
+		pthread_mutex_unlock(&T.lock);
 		if (fd < 0)
 			return;
 		set_sock_opts(fd);
@@ -352,7 +368,9 @@ void urdma_tcp_release_qpn(uint32_t qpn, bool reuse)
 					T.ls[i] = NULL;
 			urdma_progress_unwatch(l->fd);
 			close(l->fd);
-			free(l);
+			l->fd = -1;
+			list_add_tail(&l->node, &T.lgrave);
+			urdma_progress_kick();
 		}
 	}
 	pthread_mutex_unlock(&T.lock);
