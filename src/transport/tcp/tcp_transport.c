@@ -1863,7 +1863,11 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	int n = 0;
 
 	if (c && atomic_load(&c->dead)) {
-		*status = IBV_WC_RETRY_EXC_ERR;
+		/* Once an error has been reported on this stream the QP is on
+		 * its way to ERR: later WRs are flushed.  Otherwise this WR is
+		 * the first to find the peer gone. */
+		*status = c->dead_handled ? IBV_WC_WR_FLUSH_ERR :
+					    IBV_WC_RETRY_EXC_ERR;
 		return URDMA_TX_DONE;
 	}
 	if (!c || atomic_load(&c->state) != C_UP)
