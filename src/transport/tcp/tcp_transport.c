@@ -114,6 +114,7 @@ struct tcp_conn {
 	/* send side, under tx_lock */
 	uint32_t tx_msn[DDP_NUM_QN];
 	uint8_t tx_tail[64]; /* an FPDU to send with the next message's end */
+	unsigned uto_timeout; /* QP timeout + 1 that TCP_USER_TIMEOUT follows */
 	uint32_t tx_tail_len;
 	/* outstanding Reads and atomics, unconfirmed messages: ord_lock */
 	struct tcp_ord ord[URDMA_MAX_RD_ATOM];
@@ -392,7 +393,9 @@ static void conn_set_dead(struct tcp_conn *c, const char *why)
 static int tx_all(struct tcp_conn *c, struct iovec *iov, int n)
 {
 	while (n) {
-		ssize_t k = writev(c->fd, iov, n);
+		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
+		/* No SIGPIPE for the application when the peer is gone. */
+		ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
 
 		if (k < 0) {
 			if (errno == EINTR)
@@ -1872,6 +1875,11 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	}
 	if (!c || atomic_load(&c->state) != C_UP)
 		return URDMA_TX_NOT_READY;
+	if (c->uto_timeout != qp->attr.timeout + 1) {
+		/* The stream may have come up at RTR, before RTS set them. */
+		set_user_timeout(c, qp);
+		c->uto_timeout = qp->attr.timeout + 1;
+	}
 	*status = urdma_local_spans(qp, w, sp, &n,
 				    rd ? IBV_ACCESS_LOCAL_WRITE : 0);
 	if (*status != IBV_WC_SUCCESS)
