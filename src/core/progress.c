@@ -26,6 +26,9 @@ static int epfd = -1, kickfd = -1;
 static pthread_t thread;
 static bool running;
 static _Atomic bool stop;
+/* Watchers to release between batches (urdma_progress_retire). */
+static pthread_mutex_t retire_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct urdma_watcher *retired;
 
 #define KIND_BITS 3ull
 
@@ -60,6 +63,35 @@ void urdma_progress_unwatch(int fd)
 {
 	if (epfd >= 0)
 		epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
+}
+
+void urdma_progress_retire(int fd, struct urdma_watcher *w)
+{
+	if (fd >= 0)
+		urdma_progress_unwatch(fd);
+	pthread_mutex_lock(&retire_lock);
+	w->next_retired = retired;
+	retired = w;
+	pthread_mutex_unlock(&retire_lock);
+	urdma_progress_kick();
+}
+
+/* Between batches (or with the thread gone): no fetched event is left
+ * that could name a retired watcher. */
+static void release_retired(void)
+{
+	struct urdma_watcher *w;
+
+	pthread_mutex_lock(&retire_lock);
+	w = retired;
+	retired = NULL;
+	pthread_mutex_unlock(&retire_lock);
+	while (w) {
+		struct urdma_watcher *next = w->next_retired;
+
+		w->release(w);
+		w = next;
+	}
 }
 
 /* One pass over every QP; returns whether sends are still waiting. */
@@ -118,7 +150,7 @@ static void *progress_main(void *arg)
 					;
 			}
 		}
-		urdma_tcp_reap();
+		release_retired();
 		now = urdma_now_ns();
 		pending = maintain_all(now - last_mr_check > 200000000ull);
 		if (now - last_mr_check > 200000000ull)
@@ -178,7 +210,7 @@ void urdma_progress_del_ctx(struct urdma_context *uctx)
 	atomic_store(&stop, true);
 	urdma_progress_kick();
 	pthread_join(thread, NULL);
-	urdma_tcp_reap();
+	release_retired();
 	pthread_mutex_lock(&ctx_lock);
 	running = false;
 	close(epfd);

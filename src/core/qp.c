@@ -191,13 +191,28 @@ static void qp_count_polled(struct urdma_qp *qp, int d)
 	atomic_fetch_add(&to_ucq(qp->ibqp.recv_cq)->polled_qps, d);
 }
 
+/*
+ * Let go of the transport.  ibv_poll_cq enters tr->poll only for a QP it
+ * found with a transport under a CQ lock, counting itself in 'pollers'; so
+ * clear qp->tr, pass through both CQ locks, and wait for those inside.
+ */
 static void qp_disconnect(struct urdma_qp *qp)
 {
-	if (qp->tr) {
-		qp_count_polled(qp, -1);
-		qp->tr->disconnect(qp);
-	}
+	const struct urdma_transport_ops *tr = qp->tr;
+	struct urdma_cq *scq = to_ucq(qp->ibqp.send_cq),
+			*rcq = to_ucq(qp->ibqp.recv_cq);
+
+	if (!tr)
+		return;
+	qp_count_polled(qp, -1);
+	pthread_mutex_lock(&scq->lock);
 	qp->tr = NULL;
+	pthread_mutex_unlock(&scq->lock);
+	pthread_mutex_lock(&rcq->lock);
+	pthread_mutex_unlock(&rcq->lock);
+	while (atomic_load(&qp->pollers))
+		sched_yield();
+	tr->disconnect(qp);
 }
 
 /* Drop CQ entries that point at a QP being destroyed. */
@@ -235,13 +250,11 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	cq_forget_qp(scq, qp);
 	if (rcq != scq)
 		cq_forget_qp(rcq, qp);
-	while (atomic_load(&qp->pollers)) /* ibv_poll_cq inside tr->poll */
-		sched_yield();
 	pthread_mutex_lock(&qp->sq_lock);
 	qp_disconnect(qp);
 	pthread_mutex_unlock(&qp->sq_lock);
 	if (qp->tcp_qpn)
-		urdma_tcp_release_qpn(ibqp->qp_num, true);
+		urdma_tcp_release_qpn(ibqp->qp_num);
 	atomic_fetch_sub(&scq->usecnt, 1);
 	atomic_fetch_sub(&rcq->usecnt, 1);
 	atomic_fetch_sub(&to_upd(ibqp->pd)->usecnt, 1);
@@ -531,6 +544,7 @@ static uint64_t peer_loss_grace_ns(struct urdma_qp *qp)
 bool urdma_qp_maintain(struct urdma_qp *qp)
 {
 	struct urdma_shm_qp *s = qp->shm;
+	const struct urdma_transport_ops *tr;
 	bool again = false;
 
 	if (atomic_load(&s->error_req) && atomic_exchange(&s->error_req, 0)) {
@@ -552,8 +566,9 @@ bool urdma_qp_maintain(struct urdma_qp *qp)
 	}
 	if (atomic_load(&s->notify_fired) && atomic_exchange(&s->notify_fired, 0))
 		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
-	if (qp->tr && qp->tr->maintain)
-		again |= qp->tr->maintain(qp);
+	tr = qp->tr; /* read once: modify_qp may clear it meanwhile */
+	if (tr && tr->maintain)
+		again |= tr->maintain(qp);
 	if (qp->sq_pending || atomic_load(&qp->sq_async))
 		urdma_qp_progress(qp);
 	return again || qp->sq_pending || atomic_load(&qp->sq_async);

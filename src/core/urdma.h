@@ -271,21 +271,23 @@ int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max);
 
 /* progress.c */
 enum { URDMA_WATCH_CTX, URDMA_WATCH_PEER, URDMA_WATCH_FN };
-/* URDMA_WATCH_FN: the progress thread calls fn with the epoll events. */
+/* URDMA_WATCH_FN: the progress thread calls fn with the epoll events.  An
+ * event fetched in a batch may name a watcher whose fd was unwatched
+ * meanwhile, so a watcher is never freed directly: urdma_progress_retire()
+ * unwatches its fd and the progress thread calls release between batches. */
 struct urdma_watcher {
 	void (*fn)(struct urdma_watcher *w, uint32_t events);
+	void (*release)(struct urdma_watcher *w);
+	struct urdma_watcher *next_retired;
 } __attribute__((aligned(8)));
 int urdma_progress_watch_events(int fd, uint32_t events, int kind, void *obj,
 				bool modify);
+void urdma_progress_retire(int fd, struct urdma_watcher *w);
 int urdma_progress_add_ctx(struct urdma_context *uctx);
 void urdma_progress_del_ctx(struct urdma_context *uctx);
 void urdma_progress_kick(void);
 int urdma_progress_watch(int fd, int kind, void *obj);
 void urdma_progress_unwatch(int fd);
-
-/* transport/tcp: the progress thread frees closed connections here,
- * between batches of events. */
-void urdma_tcp_reap(void);
 
 /* verbs entry points implemented by the core, called by the ABI layer */
 int urdma_query_device(struct ibv_context *c, struct ibv_device_attr *a);

@@ -43,7 +43,7 @@ const struct urdma_transport_ops *urdma_pick_transport(struct urdma_qp *qp,
 /* The TCP transport's QP numbers: (listening port << 8 | index). */
 int urdma_tcp_reserve_qpn(uint32_t *qpn);
 void urdma_tcp_register_qp(struct urdma_qp *qp);
-void urdma_tcp_release_qpn(uint32_t qpn, bool reuse);
+void urdma_tcp_release_qpn(uint32_t qpn);
 
 /* A contiguous piece of memory: in this process (peer NULL), in a peer's
  * registered memory, or a direct pointer (inline data). */

@@ -54,6 +54,7 @@ enum conn_state {
 	C_WAIT_REQ,	/* passive: accepted, MPA Request awaited */
 	C_PENDING_QP,	/* passive: Request read, its QP not at RTR yet */
 	C_UP,		/* FPDUs flow */
+	C_CLOSED,	/* retired: the progress thread frees it */
 };
 
 /* Where an outstanding RDMA Read or atomic we issued lands. */
@@ -86,7 +87,7 @@ struct tcp_unc {
 
 struct tcp_conn {
 	struct urdma_watcher w;
-	struct list_head node; /* T.pending or T.grave */
+	struct list_head node; /* in T.pending while being set up */
 	int fd;
 	_Atomic int state;
 	bool active, crc;
@@ -136,8 +137,7 @@ struct tcp_qp_reg {
 
 struct tcp_listener {
 	struct urdma_watcher w;
-	struct list_head node; /* in T.lgrave once closed */
-	uint64_t since_ns;
+	bool closed; /* retired; an event already fetched finds this */
 	int fd;
 	uint16_t port;
 	int nqps;
@@ -147,14 +147,10 @@ struct tcp_listener {
 static struct {
 	pthread_mutex_t lock;
 	struct tcp_listener *ls[256];
-	struct list_head pending; /* passive conns waiting for their QP */
-	struct list_head grave;	  /* closed conns, freed by urdma_tcp_reap */
-	struct list_head lgrave;  /* closed listeners, likewise */
+	struct list_head pending; /* conns being set up */
 } T = {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
 	.pending = LIST_HEAD_INIT(T.pending),
-	.grave = LIST_HEAD_INIT(T.grave),
-	.lgrave = LIST_HEAD_INIT(T.lgrave),
 };
 
 static bool want_crc(void)
@@ -165,6 +161,7 @@ static bool want_crc(void)
 }
 
 static void conn_cb(struct urdma_watcher *w, uint32_t events);
+static void conn_release(struct urdma_watcher *w);
 static void rx_locked(struct tcp_conn *c);
 
 /* ---- listeners and QP numbers ---- */
@@ -197,6 +194,7 @@ static struct tcp_conn *conn_new(int fd)
 	}
 	c->fd = fd;
 	c->w.fn = conn_cb;
+	c->w.release = conn_release;
 	c->since_ns = urdma_now_ns();
 	pthread_mutex_init(&c->rx_lock, NULL);
 	pthread_mutex_init(&c->tx_lock, NULL);
@@ -205,46 +203,33 @@ static struct tcp_conn *conn_new(int fd)
 	return c;
 }
 
-/* Hand a conn to the progress thread for freeing.  Under T.lock. */
-static void conn_bury(struct tcp_conn *c)
+static void conn_release(struct urdma_watcher *w)
 {
-	if (c->fd >= 0) {
-		urdma_progress_unwatch(c->fd);
-		shutdown(c->fd, SHUT_RDWR);
-	}
-	list_del(&c->node);
-	list_add_tail(&c->node, &T.grave);
-	c->since_ns = urdma_now_ns();
-	urdma_progress_kick();
+	struct tcp_conn *c = (struct tcp_conn *)w;
+
+	if (c->fd >= 0)
+		close(c->fd);
+	free(c->rbuf);
+	free(c->unc);
+	free(c);
 }
 
-void urdma_tcp_reap(void)
+/* Close a conn; the progress thread frees it.  Under T.lock. */
+static void conn_bury(struct tcp_conn *c)
 {
-	struct tcp_conn *c, *n;
+	if (c->fd >= 0)
+		shutdown(c->fd, SHUT_RDWR);
+	list_del(&c->node);
+	atomic_store(&c->state, C_CLOSED);
+	urdma_progress_retire(c->fd, &c->w);
+}
 
-	pthread_mutex_lock(&T.lock);
-	list_for_each_entry_safe(c, n, &T.grave, node) {
-		/* A poller that loaded the pointer just before the QP let go
-		 * may still try its rx_lock: give it time to see 'closing'. */
-		if (urdma_now_ns() - c->since_ns < 100000000ull) {
-			urdma_progress_kick();
-			continue;
-		}
-		list_del(&c->node);
-		if (c->fd >= 0)
-			close(c->fd);
-		free(c->rbuf);
-		free(c->unc);
-		free(c);
-	}
-	/* An event fetched before the unwatch may still name a listener:
-	 * free it only after this batch (the caller runs between batches). */
-	struct tcp_listener *l, *ln;
-	list_for_each_entry_safe(l, ln, &T.lgrave, node) {
-		list_del(&l->node);
-		free(l);
-	}
-	pthread_mutex_unlock(&T.lock);
+static void listener_release(struct urdma_watcher *w)
+{
+	struct tcp_listener *l = (struct tcp_listener *)w;
+
+	close(l->fd);
+	free(l);
 }
 
 static void listener_cb(struct urdma_watcher *w, uint32_t events)
@@ -257,9 +242,9 @@ static void listener_cb(struct urdma_watcher *w, uint32_t events)
 		int fd;
 
 		pthread_mutex_lock(&T.lock);
-		fd = l->fd < 0 ? -1 : /* closed: in T.lgrave */
-			     accept4(l->fd, NULL, NULL,
-				     SOCK_NONBLOCK | SOCK_CLOEXEC);
+		fd = l->closed ? -1 :
+				 accept4(l->fd, NULL, NULL,
+					 SOCK_NONBLOCK | SOCK_CLOEXEC);
 		pthread_mutex_unlock(&T.lock);
 		if (fd < 0)
 			return;
@@ -290,6 +275,7 @@ static struct tcp_listener *listener_new(void)
 	if (!l)
 		return NULL;
 	l->w.fn = listener_cb;
+	l->w.release = listener_release;
 	l->fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (l->fd < 0)
 		goto err;
@@ -351,27 +337,21 @@ void urdma_tcp_register_qp(struct urdma_qp *qp)
 	pthread_mutex_unlock(&T.lock);
 }
 
-/* Give back a number: the QP is gone (qp NULL: the number was in use by
- * another netns and never ours - keep it taken). */
-void urdma_tcp_release_qpn(uint32_t qpn, bool reuse)
+/* The QP is gone: its number is free; the last one closes the listener. */
+void urdma_tcp_release_qpn(uint32_t qpn)
 {
 	struct tcp_listener *l;
 
 	pthread_mutex_lock(&T.lock);
 	l = listener_of(qpn);
-	if (l && reuse) {
-		struct tcp_qp_reg *r = &l->reg[qpn & 0xff];
-
-		*r = (struct tcp_qp_reg){ 0 };
+	if (l) {
+		l->reg[qpn & 0xff] = (struct tcp_qp_reg){ 0 };
 		if (--l->nqps == 0) {
 			for (int i = 0; i < 256; i++)
 				if (T.ls[i] == l)
 					T.ls[i] = NULL;
-			urdma_progress_unwatch(l->fd);
-			close(l->fd);
-			l->fd = -1;
-			list_add_tail(&l->node, &T.lgrave);
-			urdma_progress_kick();
+			l->closed = true;
+			urdma_progress_retire(l->fd, &l->w);
 		}
 	}
 	pthread_mutex_unlock(&T.lock);
@@ -1703,8 +1683,8 @@ static void tcp_disconnect(struct urdma_qp *qp)
 	if (c) {
 		pthread_mutex_lock(&c->rx_lock);
 		c->closing = true;
-		pthread_mutex_unlock(&c->rx_lock);
 		c->qp = NULL;
+		pthread_mutex_unlock(&c->rx_lock);
 		conn_bury(c);
 	}
 	qp->tr_priv = NULL;
@@ -1896,57 +1876,59 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 static bool tcp_maintain(struct urdma_qp *qp)
 {
 	struct tcp_conn *c = qp->tr_priv;
-	uint64_t now = urdma_now_ns();
-	bool again = false;
+	bool again = false, fail = false;
 
 	if (!c)
 		return false;
 	if (atomic_load(&c->state) == C_RETRY) {
 		pthread_mutex_lock(&T.lock);
 		if (atomic_load(&c->state) == C_RETRY &&
-		    now - c->since_ns >= RETRY_CONNECT_NS)
+		    urdma_now_ns() - c->since_ns >= RETRY_CONNECT_NS)
 			conn_start(c);
 		pthread_mutex_unlock(&T.lock);
 		return true;
 	}
 	if (atomic_load(&c->state) != C_UP)
 		return false;
-	if (atomic_load(&qp->shm->state) == URDMA_SQPS_ERR &&
-	    !atomic_load(&c->dead)) {
-		/* The peer learns it from the stream's end: its unconfirmed
-		 * WRs fail as if our QP had stopped answering. */
-		shutdown(c->fd, SHUT_RDWR);
-		c->dead_handled = true;
-		conn_set_dead(c, "local QP in error");
-		unc_settle(c, c->unc_head, IBV_WC_WR_FLUSH_ERR);
+	if (pthread_mutex_trylock(&c->rx_lock))
+		return true; /* someone is receiving: look again soon */
+	if (c->closing) {
+		pthread_mutex_unlock(&c->rx_lock);
 		return false;
 	}
-	if (atomic_load(&c->unread) && !app_polling(c))
-		atomic_store(&c->unread, false);
-	else if (atomic_load(&c->unread))
-		again = true; /* look again in 2 ms */
-	if ((atomic_load(&c->stalled) || (!atomic_load(&c->unread) &&
-					   !app_polling(c))) &&
-	    !pthread_mutex_trylock(&c->rx_lock)) {
-		rx_locked(c);
-		pthread_mutex_unlock(&c->rx_lock);
-		again |= atomic_load(&c->stalled);
-	}
-	if (atomic_load(&c->dead) && !c->dead_handled) {
-		bool busy;
+	if (atomic_load(&qp->shm->state) == URDMA_SQPS_ERR) {
+		if (!atomic_load(&c->dead)) {
+			/* The peer learns it from the stream's end: its
+			 * unconfirmed WRs fail as if our QP stopped answering. */
+			shutdown(c->fd, SHUT_RDWR);
+			c->dead_handled = true;
+			conn_set_dead(c, "local QP in error");
+			unc_settle(c, c->unc_head, IBV_WC_WR_FLUSH_ERR);
+		}
+	} else {
+		/* Data the progress thread left to a polling application that
+		 * has stopped polling, or a Send waiting for a receive. */
+		bool unread = atomic_exchange(&c->unread, false);
 
-		pthread_mutex_lock(&c->ord_lock);
-		busy = c->unc_head != c->unc_tail;
-		pthread_mutex_unlock(&c->ord_lock);
-		/* Unconfirmed messages fail at once: the first one with
-		 * RETRY_EXC_ERR, as when a NIC's retries run out.  An idle QP
-		 * stays as it is, as on InfiniBand: its next WR fails. */
-		if (busy) {
+		if (unread && app_polling(c))
+			atomic_store(&c->unread, true);
+		else if (unread || atomic_load(&c->stalled))
+			rx_locked(c);
+		again = atomic_load(&c->unread) || atomic_load(&c->stalled);
+		/* Unconfirmed messages on a lost stream fail at once, the
+		 * first with RETRY_EXC_ERR, as when a NIC's retries run out.
+		 * An idle QP stays as it is, as on InfiniBand: its next WR
+		 * fails. */
+		if (atomic_load(&c->dead) && !c->dead_handled &&
+		    c->unc_head != c->unc_tail) {
 			c->dead_handled = true;
 			unc_settle(c, c->unc_head, IBV_WC_RETRY_EXC_ERR);
-			urdma_qp_set_error(qp, true);
+			fail = true;
 		}
 	}
+	pthread_mutex_unlock(&c->rx_lock);
+	if (fail) /* sq_lock is outer to rx_lock */
+		urdma_qp_set_error(qp, true);
 	return again;
 }
 
