@@ -333,6 +333,15 @@ static void sq_complete(struct urdma_qp *qp, struct urdma_swqe *wqe,
 	qp->unsignaled = 0;
 }
 
+/* What the QP's transport retries may take before RETRY_EXC_ERR: 4.096 us
+ * * 2^timeout per try, retry_cnt + 1 tries; 0 when timeout is 0 (for ever). */
+uint64_t urdma_qp_retry_ns(const struct urdma_qp *qp)
+{
+	if (!qp->attr.timeout)
+		return 0;
+	return (4096ull << qp->attr.timeout) * (qp->attr.retry_cnt + 1);
+}
+
 static uint64_t rnr_timer_ns(uint32_t code)
 {
 	/* IB spec encoding of the RNR NAK timer, in units of 10 us. */
@@ -348,7 +357,7 @@ static uint64_t rnr_timer_ns(uint32_t code)
 static bool sq_retry_exceeded(struct urdma_qp *qp, struct urdma_swqe *wqe,
 			      enum urdma_tx r, enum ibv_wc_status *status)
 {
-	uint64_t now = urdma_now_ns(), waited;
+	uint64_t now = urdma_now_ns(), waited, budget;
 
 	if (!wqe->first_try_ns)
 		wqe->first_try_ns = now;
@@ -368,10 +377,8 @@ static bool sq_retry_exceeded(struct urdma_qp *qp, struct urdma_swqe *wqe,
 		}
 		return false;
 	}
-	/* Transport retries: timeout is 4.096 us * 2^timeout, 0 = infinite. */
-	if (!qp->attr.timeout)
-		return false;
-	if (waited > (4096ull << qp->attr.timeout) * (qp->attr.retry_cnt + 1)) {
+	budget = urdma_qp_retry_ns(qp);
+	if (budget && waited > budget) {
 		*status = IBV_WC_RETRY_EXC_ERR;
 		return true;
 	}
@@ -534,9 +541,9 @@ void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event)
  */
 static uint64_t peer_loss_grace_ns(struct urdma_qp *qp)
 {
-	if (!qp->attr.timeout)
-		return 1000000000ull;
-	return (4096ull << qp->attr.timeout) * (qp->attr.retry_cnt + 1);
+	uint64_t budget = urdma_qp_retry_ns(qp);
+
+	return budget ? budget : 1000000000ull;
 }
 
 /* Progress thread: requests from peers, and retries.  Returns whether it

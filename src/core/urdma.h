@@ -266,6 +266,7 @@ void urdma_qp_wr_mark(struct urdma_qp *qp, uint32_t idx,
 		      enum ibv_wc_status status);
 void urdma_qp_wr_kick(struct urdma_qp *qp);
 void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event);
+uint64_t urdma_qp_retry_ns(const struct urdma_qp *qp);
 bool urdma_qp_maintain(struct urdma_qp *qp);
 int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max);
 

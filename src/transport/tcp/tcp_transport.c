@@ -115,7 +115,7 @@ struct tcp_conn {
 	/* send side, under tx_lock */
 	uint32_t tx_msn[DDP_NUM_QN];
 	uint8_t tx_tail[64]; /* an FPDU to send with the next message's end */
-	unsigned uto_timeout; /* QP timeout + 1 that TCP_USER_TIMEOUT follows */
+	unsigned timeout_ms; /* TCP_USER_TIMEOUT set, + 1 (0: never set) */
 	uint32_t tx_tail_len;
 	/* outstanding Reads and atomics, unconfirmed messages: ord_lock */
 	struct tcp_ord ord[URDMA_MAX_RD_ATOM];
@@ -1379,17 +1379,19 @@ static int read_mpa(struct tcp_conn *c, const char *key, struct mpa_frame *f,
 	return 1;
 }
 
-static void set_user_timeout(struct tcp_conn *c, struct urdma_qp *qp)
+/* Unacknowledged data for longer than the QP's retry budget breaks the
+ * stream: IBV_WC_RETRY_EXC_ERR (timeout 0: TCP's own).  The budget is set
+ * at RTS, which may come after the stream is up: called again per WR,
+ * it only acts when the budget changed.  Under tx_lock or T.lock. */
+static void conn_sync_timeout(struct tcp_conn *c, struct urdma_qp *qp)
 {
-	/* Unacknowledged data for longer than the QP's retry budget breaks
-	 * the connection: IBV_WC_RETRY_EXC_ERR (timeout 0: TCP's own). */
-	if (qp->attr.timeout) {
-		uint64_t ns = (4096ull << qp->attr.timeout) *
-			      (qp->attr.retry_cnt + 1);
-		unsigned ms = ns / 1000000 ? ns / 1000000 : 1;
+	uint64_t ns = urdma_qp_retry_ns(qp);
+	unsigned ms = ns && ns < 1000000 ? 1 : (unsigned)(ns / 1000000);
 
-		setsockopt(c->fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
-	}
+	if (c->timeout_ms == ms + 1)
+		return;
+	c->timeout_ms = ms + 1;
+	setsockopt(c->fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
 }
 
 /* The stream is up.  Under T.lock. */
@@ -1399,7 +1401,7 @@ static void conn_up(struct tcp_conn *c)
 
 	list_del(&c->node);
 	list_init(&c->node);
-	set_user_timeout(c, qp);
+	conn_sync_timeout(c, qp);
 	atomic_store(&c->state, C_UP);
 	__atomic_store_n(&qp->tr_priv, c, __ATOMIC_RELEASE);
 	/* Edge-triggered: one wake-up per arrival, which the progress thread
@@ -1855,16 +1857,12 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	}
 	if (!c || atomic_load(&c->state) != C_UP)
 		return URDMA_TX_NOT_READY;
-	if (c->uto_timeout != qp->attr.timeout + 1) {
-		/* The stream may have come up at RTR, before RTS set them. */
-		set_user_timeout(c, qp);
-		c->uto_timeout = qp->attr.timeout + 1;
-	}
 	*status = urdma_local_spans(qp, w, sp, &n,
 				    rd ? IBV_ACCESS_LOCAL_WRITE : 0);
 	if (*status != IBV_WC_SUCCESS)
 		return URDMA_TX_DONE;
 	pthread_mutex_lock(&c->tx_lock);
+	conn_sync_timeout(c, qp);
 	if (rd)
 		r = tx_read_atomic(c, qp, w, sp, n);
 	else
