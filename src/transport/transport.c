@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: MIT
 /*
- * Which transport a QP uses, decided when it connects (INIT->RTR).
+ * What the transports share: which one a QP uses, copies between spans,
+ * and the responder's side of a delivery (checks, receive WRs, events).
+ *
+ * Which transport a QP uses is decided when it connects (INIT->RTR).
  *
  * URDMA_TRANSPORT=shm or =tcp forces one (set it the same on both sides);
  * otherwise ("auto"): a peer addressed by LID only, or by a GID that is an
  * address of this network namespace, is on this host and gets shared
  * memory; any other GID is another host and gets TCP.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,4 +47,127 @@ const struct urdma_transport_ops *urdma_pick_transport(struct urdma_qp *qp,
 	}
 	urdma_dbg("qp %#x: transport %s", qp->ibqp.qp_num, tr->name);
 	return tr;
+}
+
+void *urdma_space_ptr(struct urdma_peer *peer, uint64_t va, uint64_t *avail)
+{
+	return peer ? urdma_peer_ptr(peer, va, avail) : urdma_self_ptr(va, avail);
+}
+
+/* Copy len bytes from the spans s (in speer's memory) to d (in dpeer's). */
+int urdma_copy_spans(struct urdma_peer *dpeer, const struct urdma_span *d,
+		     int nd, struct urdma_peer *speer,
+		     const struct urdma_span *s, int ns, uint64_t len)
+{
+	uint64_t doff = 0, soff = 0;
+	int di = 0, si = 0;
+
+	while (len) {
+		uint64_t davail, savail, n;
+		uint8_t *dp, *sp;
+
+		while (di < nd && doff == d[di].len)
+			di++, doff = 0;
+		while (si < ns && soff == s[si].len)
+			si++, soff = 0;
+		if (di == nd || si == ns)
+			return -ERANGE;
+		if (d[di].ptr) {
+			dp = d[di].ptr + doff;
+			davail = d[di].len - doff;
+		} else {
+			dp = urdma_space_ptr(dpeer, d[di].va + doff, &davail);
+		}
+		if (s[si].ptr) {
+			sp = s[si].ptr + soff;
+			savail = s[si].len - soff;
+		} else {
+			sp = urdma_space_ptr(speer, s[si].va + soff, &savail);
+		}
+		if (!dp || !sp)
+			return -EFAULT;
+		n = len;
+		if (n > d[di].len - doff)
+			n = d[di].len - doff;
+		if (n > s[si].len - soff)
+			n = s[si].len - soff;
+		if (n > davail)
+			n = davail;
+		if (n > savail)
+			n = savail;
+		memcpy(dp, sp, n);
+		doff += n;
+		soff += n;
+		len -= n;
+	}
+	return 0;
+}
+
+int urdma_remote_lookup(const struct urdma_shm_ctx *ctx,
+			const struct urdma_shm_qp *t, uint32_t key,
+			uint64_t addr, uint64_t len, uint32_t access,
+			uint64_t *va)
+{
+	if (!len) { /* nothing is touched: nothing to check */
+		*va = 0;
+		return 0;
+	}
+	if ((t->access & access) != access)
+		return -EACCES; /* the responder QP does not allow it */
+	return urdma_mr_lookup(ctx, key, addr, len, access, t->pd_id, va);
+}
+
+int urdma_rqe_spans(const struct urdma_shm_ctx *ctx,
+		    const struct urdma_shm_qp *t,
+		    const struct urdma_shm_rqe *e, struct urdma_span *sp,
+		    int *n, uint64_t *room)
+{
+	uint32_t nsge = e->num_sge < t->rq_max_sge ? e->num_sge : t->rq_max_sge;
+
+	*n = 0;
+	*room = 0;
+	for (uint32_t i = 0; i < nsge; i++) {
+		struct urdma_shm_sge sg = e->sge[i];
+		struct urdma_span *d = &sp[*n];
+
+		if (!sg.length)
+			continue;
+		if (urdma_mr_lookup(ctx, sg.lkey, sg.addr, sg.length,
+				    IBV_ACCESS_LOCAL_WRITE, t->pd_id, &d->va))
+			return -1;
+		d->len = sg.length;
+		d->ptr = NULL;
+		*room += sg.length;
+		(*n)++;
+	}
+	return 0;
+}
+
+bool urdma_rq_notify_claim(struct urdma_shm_qp *t, bool solicited)
+{
+	uint32_t n;
+
+	/* Dekker with urdma_req_notify_cq: our rq_done store must be visible
+	 * before we read 'notify', or an owner that arms and then polls can
+	 * miss both the completion and the event (x86 reorders a store with
+	 * a later load). */
+	atomic_thread_fence(memory_order_seq_cst);
+	n = atomic_load_explicit(&t->notify, memory_order_relaxed);
+	if (n != URDMA_NOTIFY_ANY && !(n == URDMA_NOTIFY_SOLICITED && solicited))
+		return false;
+	return atomic_exchange(&t->notify, URDMA_NOTIFY_NONE) !=
+	       URDMA_NOTIFY_NONE;
+}
+
+uint64_t urdma_atomic_apply(uint64_t *p, bool cas, uint64_t compare_add,
+			    uint64_t swap)
+{
+	uint64_t old;
+
+	if (!cas)
+		return __atomic_fetch_add(p, compare_add, __ATOMIC_SEQ_CST);
+	old = compare_add;
+	__atomic_compare_exchange_n(p, &old, swap, false, __ATOMIC_SEQ_CST,
+				    __ATOMIC_SEQ_CST);
+	return old;
 }

@@ -58,6 +58,45 @@ int urdma_copy_spans(struct urdma_peer *dpeer, const struct urdma_span *d,
 		     const struct urdma_span *s, int ns, uint64_t len);
 void *urdma_space_ptr(struct urdma_peer *peer, uint64_t va, uint64_t *avail);
 
+/*
+ * The responder's side of a delivery, shared by the transports (the shm
+ * requester works in the responder's memory, the TCP receiver in its own).
+ */
+/* Resolve [addr, addr+len) under key in ctx's MRs for a remote access
+ * through QP t: -EACCES when t's access flags refuse it, else as
+ * urdma_mr_lookup.  A zero-length access touches nothing and is not
+ * checked. */
+int urdma_remote_lookup(const struct urdma_shm_ctx *ctx,
+			const struct urdma_shm_qp *t, uint32_t key,
+			uint64_t addr, uint64_t len, uint32_t access,
+			uint64_t *va);
+/* Receive WR e of QP t as spans of ctx's memory (at most t->rq_max_sge);
+ * -1 on a bad lkey. */
+int urdma_rqe_spans(const struct urdma_shm_ctx *ctx,
+		    const struct urdma_shm_qp *t,
+		    const struct urdma_shm_rqe *e, struct urdma_span *sp,
+		    int *n, uint64_t *room);
+/* A receive of t completed: true if it fires the armed recv CQ of t's
+ * owner (the arm is consumed). */
+bool urdma_rq_notify_claim(struct urdma_shm_qp *t, bool solicited);
+/* Fetch-and-add (compare_add is the addend) or compare-and-swap on *p;
+ * returns the old value. */
+uint64_t urdma_atomic_apply(uint64_t *p, bool cas, uint64_t compare_add,
+			    uint64_t swap);
+
+/* A deliverer enters t's receive ring (busy, then the caller checks the
+ * state: the owner sets its state, then waits for busy to clear). */
+static inline void urdma_rq_busy(struct urdma_shm_qp *t)
+{
+	atomic_store(&t->busy, 1);
+	atomic_thread_fence(memory_order_seq_cst);
+}
+
+static inline void urdma_rq_idle(struct urdma_shm_qp *t)
+{
+	atomic_store_explicit(&t->busy, 0, memory_order_release);
+}
+
 /* Resolve the local SGEs of a WR into spans; LOC_PROT_ERR on a bad one. */
 enum ibv_wc_status urdma_local_spans(struct urdma_qp *qp,
 				     struct urdma_swqe *wqe,

@@ -21,60 +21,6 @@
 #include "transport/transport.h"
 #include "util/log.h"
 
-void *urdma_space_ptr(struct urdma_peer *peer, uint64_t va, uint64_t *avail)
-{
-	return peer ? urdma_peer_ptr(peer, va, avail) : urdma_self_ptr(va, avail);
-}
-
-/* Copy len bytes from the spans s (in speer's memory) to d (in dpeer's). */
-int urdma_copy_spans(struct urdma_peer *dpeer, const struct urdma_span *d,
-		     int nd, struct urdma_peer *speer,
-		     const struct urdma_span *s, int ns, uint64_t len)
-{
-	uint64_t doff = 0, soff = 0;
-	int di = 0, si = 0;
-
-	while (len) {
-		uint64_t davail, savail, n;
-		uint8_t *dp, *sp;
-
-		while (di < nd && doff == d[di].len)
-			di++, doff = 0;
-		while (si < ns && soff == s[si].len)
-			si++, soff = 0;
-		if (di == nd || si == ns)
-			return -ERANGE;
-		if (d[di].ptr) {
-			dp = d[di].ptr + doff;
-			davail = d[di].len - doff;
-		} else {
-			dp = urdma_space_ptr(dpeer, d[di].va + doff, &davail);
-		}
-		if (s[si].ptr) {
-			sp = s[si].ptr + soff;
-			savail = s[si].len - soff;
-		} else {
-			sp = urdma_space_ptr(speer, s[si].va + soff, &savail);
-		}
-		if (!dp || !sp)
-			return -EFAULT;
-		n = len;
-		if (n > d[di].len - doff)
-			n = d[di].len - doff;
-		if (n > s[si].len - soff)
-			n = s[si].len - soff;
-		if (n > davail)
-			n = davail;
-		if (n > savail)
-			n = savail;
-		memcpy(dp, sp, n);
-		doff += n;
-		soff += n;
-		len -= n;
-	}
-	return 0;
-}
-
 /* ---- connection ---- */
 
 static int shm_connect(struct urdma_qp *qp, const struct ibv_qp_attr *attr)
@@ -135,25 +81,12 @@ static void responder_error(struct urdma_qp *qp)
 	urdma_peer_wake(qp->peer);
 }
 
-static void responder_notify(struct urdma_qp *qp, bool solicited, bool error)
+/* The responder's owner fires its CQ from its progress thread. */
+static void responder_notify(struct urdma_qp *qp, bool solicited)
 {
-	struct urdma_shm_qp *t = qp->peer_qp;
-	uint32_t n;
-
-	/* Dekker with urdma_req_notify_cq: our rq_done store must be visible
-	 * before we read 'notify', or an owner that arms and then polls can
-	 * miss both the completion and the event (x86 reorders a store with
-	 * a later load). */
-	atomic_thread_fence(memory_order_seq_cst);
-	n = atomic_load_explicit(&t->notify, memory_order_relaxed);
-
-	if (n == URDMA_NOTIFY_ANY ||
-	    (n == URDMA_NOTIFY_SOLICITED && (solicited || error))) {
-		if (atomic_exchange(&t->notify, URDMA_NOTIFY_NONE) !=
-		    URDMA_NOTIFY_NONE) {
-			atomic_store(&t->notify_fired, 1);
-			urdma_peer_wake(qp->peer);
-		}
+	if (urdma_rq_notify_claim(qp->peer_qp, solicited)) {
+		atomic_store(&qp->peer_qp->notify_fired, 1);
+		urdma_peer_wake(qp->peer);
 	}
 }
 
@@ -161,14 +94,11 @@ static void responder_notify(struct urdma_qp *qp, bool solicited, bool error)
 static int remote_span(struct urdma_qp *qp, struct urdma_swqe *w,
 		       uint32_t access, uint64_t len, struct urdma_span *sp)
 {
-	struct urdma_shm_qp *t = qp->peer_qp;
-
-	if ((t->access & access) != access)
-		return -EACCES; /* the responder QP does not allow it */
 	sp->ptr = NULL;
 	sp->len = len;
-	return urdma_mr_lookup(urdma_peer_shm(qp->peer), w->rkey,
-			       w->remote_addr, len, access, t->pd_id, &sp->va);
+	return urdma_remote_lookup(urdma_peer_shm(qp->peer), qp->peer_qp,
+				   w->rkey, w->remote_addr, len, access,
+				   &sp->va);
 }
 
 /*
@@ -192,11 +122,10 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 	if (*status != IBV_WC_SUCCESS)
 		return URDMA_TX_DONE;
 
-	atomic_store(&t->busy, 1);
-	atomic_thread_fence(memory_order_seq_cst);
+	urdma_rq_busy(t);
 	if (!responder_ready(qp)) {
 		atomic_store(&t->rnr_waiter, 1);
-		atomic_store_explicit(&t->busy, 0, memory_order_release);
+		urdma_rq_idle(t);
 		return URDMA_TX_NOT_READY;
 	}
 	done = atomic_load_explicit(&t->rq_done, memory_order_relaxed);
@@ -207,8 +136,7 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 		atomic_thread_fence(memory_order_seq_cst);
 		prod = atomic_load_explicit(&t->rq_prod, memory_order_acquire);
 		if (done == prod) {
-			atomic_store_explicit(&t->busy, 0,
-					      memory_order_release);
+			urdma_rq_idle(t);
 			return URDMA_TX_RNR;
 		}
 	}
@@ -222,26 +150,11 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 		}
 		nd = 1;
 	} else {
-		uint32_t n = e->num_sge < t->rq_max_sge ? e->num_sge :
-							  t->rq_max_sge;
-
-		for (uint32_t i = 0; i < n; i++) {
-			struct urdma_shm_sge sg = e->sge[i];
-
-			if (!sg.length)
-				continue;
-			if (urdma_mr_lookup(urdma_peer_shm(qp->peer), sg.lkey,
-					    sg.addr, sg.length,
-					    IBV_ACCESS_LOCAL_WRITE, t->pd_id,
-					    &dst[nd].va)) {
-				rx_status = IBV_WC_LOC_PROT_ERR;
-				*status = IBV_WC_REM_OP_ERR;
-				goto out_error;
-			}
-			dst[nd].len = sg.length;
-			dst[nd].ptr = NULL;
-			room += sg.length;
-			nd++;
+		if (urdma_rqe_spans(urdma_peer_shm(qp->peer), t, e, dst, &nd,
+				    &room)) {
+			rx_status = IBV_WC_LOC_PROT_ERR;
+			*status = IBV_WC_REM_OP_ERR;
+			goto out_error;
 		}
 		if (room < w->byte_len) {
 			rx_status = IBV_WC_LOC_LEN_ERR;
@@ -262,8 +175,8 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 	e->wc_flags = with_imm ? IBV_WC_WITH_IMM : 0;
 	e->src_qp = qp->ibqp.qp_num;
 	atomic_store_explicit(&t->rq_done, done + 1, memory_order_release);
-	atomic_store_explicit(&t->busy, 0, memory_order_release);
-	responder_notify(qp, w->send_flags & IBV_SEND_SOLICITED, false);
+	urdma_rq_idle(t);
+	responder_notify(qp, w->send_flags & IBV_SEND_SOLICITED);
 	*status = IBV_WC_SUCCESS;
 	return URDMA_TX_DONE;
 
@@ -278,7 +191,7 @@ out_error:
 		atomic_store_explicit(&t->rq_done, done + 1,
 				      memory_order_release);
 	}
-	atomic_store_explicit(&t->busy, 0, memory_order_release);
+	urdma_rq_idle(t);
 	responder_error(qp);
 	return URDMA_TX_DONE;
 }
@@ -357,15 +270,9 @@ static enum urdma_tx shm_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 			*status = IBV_WC_LOC_PROT_ERR;
 			return URDMA_TX_DONE;
 		}
-		if (w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-			old = __atomic_fetch_add(target, w->compare_add,
-						 __ATOMIC_SEQ_CST);
-		} else {
-			old = w->compare_add;
-			__atomic_compare_exchange_n(target, &old, w->swap,
-						    false, __ATOMIC_SEQ_CST,
-						    __ATOMIC_SEQ_CST);
-		}
+		old = urdma_atomic_apply(target,
+					 w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP,
+					 w->compare_add, w->swap);
 		memcpy(result, &old, 8);
 		return URDMA_TX_DONE;
 	}

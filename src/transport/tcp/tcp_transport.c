@@ -706,34 +706,19 @@ enum { RX_OK, RX_STALL, RX_ERR };
 
 static void rq_notify(struct urdma_qp *qp, bool solicited)
 {
-	struct urdma_shm_qp *s = qp->shm;
-	uint32_t n;
-
-	atomic_thread_fence(memory_order_seq_cst); /* see urdma_req_notify_cq */
-	n = atomic_load_explicit(&s->notify, memory_order_relaxed);
-	if (n == URDMA_NOTIFY_ANY || (n == URDMA_NOTIFY_SOLICITED && solicited))
-		if (atomic_exchange(&s->notify, URDMA_NOTIFY_NONE) !=
-		    URDMA_NOTIFY_NONE)
-			urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
+	if (urdma_rq_notify_claim(qp->shm, solicited))
+		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
 }
 
-/* Enter our own receive ring as a deliverer (the busy/state handshake of
- * core/shared.h).  false: the QP no longer receives. */
+/* Enter our own receive ring as its deliverer, as the shm requester enters
+ * a peer's.  false: the QP no longer receives. */
 static bool rq_enter(struct urdma_qp *qp)
 {
-	struct urdma_shm_qp *s = qp->shm;
-
-	atomic_store(&s->busy, 1);
-	atomic_thread_fence(memory_order_seq_cst);
-	if (atomic_load(&s->state) == URDMA_SQPS_RTR)
+	urdma_rq_busy(qp->shm);
+	if (atomic_load(&qp->shm->state) == URDMA_SQPS_RTR)
 		return true;
-	atomic_store_explicit(&s->busy, 0, memory_order_release);
+	urdma_rq_idle(qp->shm);
 	return false;
-}
-
-static void rq_leave(struct urdma_qp *qp)
-{
-	atomic_store_explicit(&qp->shm->busy, 0, memory_order_release);
 }
 
 /* Copy len bytes into spans at byte offset off. */
@@ -786,174 +771,132 @@ static uint32_t lookup_term(int err, bool tagged)
 static int remote_access(struct urdma_qp *qp, uint32_t stag, uint64_t to,
 			 uint64_t len, uint32_t access, uint64_t *va)
 {
-	if (!len) { /* nothing is touched: no check (a flush is one) */
-		*va = 0;
-		return 0;
-	}
-	if ((qp->shm->access & access) != access)
-		return -EACCES;
-	return urdma_mr_lookup(qp->uctx->shm, stag, to, len, access,
-			       to_upd(qp->ibqp.pd)->id, va);
+	return urdma_remote_lookup(qp->uctx->shm, qp->shm, stag, to, len,
+				   access, va);
 }
 
-/* Claim the next receive WR for an arriving message. */
-static int rcv_claim(struct tcp_conn *c, uint32_t *term)
+/* Claim the next receive WR, with the ring entered.  false: none posted. */
+static bool rcv_claim(struct tcp_conn *c)
 {
-	struct urdma_qp *qp = c->qp;
-	struct urdma_shm_qp *s = qp->shm;
-	struct urdma_shm_rqe *e;
-	uint32_t done, n;
+	struct urdma_shm_qp *s = c->qp->shm;
+	uint32_t done = atomic_load(&s->rq_done);
 
-	if (!rq_enter(qp))
-		return RX_OK; /* not receiving any more: dropped */
-	done = atomic_load(&s->rq_done);
-	if (done == atomic_load_explicit(&s->rq_prod, memory_order_acquire)) {
-		rq_leave(qp);
-		return RX_STALL; /* like RNR: hold the stream until a receive */
-	}
-	e = urdma_rqe(s, done);
-	c->rcv_active = true;
+	if (done == atomic_load_explicit(&s->rq_prod, memory_order_acquire))
+		return false;
 	c->rcv_idx = done;
 	c->rcv_got = 0;
-	c->rcv_room = 0;
-	c->rcv_n = 0;
-	n = e->num_sge < s->rq_max_sge ? e->num_sge : s->rq_max_sge;
-	for (uint32_t i = 0; i < n; i++) {
-		struct urdma_shm_sge sg = e->sge[i];
-		struct urdma_span *d = &c->rcv_sp[c->rcv_n];
-
-		if (!sg.length)
-			continue;
-		if (urdma_mr_lookup(qp->uctx->shm, sg.lkey, sg.addr, sg.length,
-				    IBV_ACCESS_LOCAL_WRITE, s->pd_id, &d->va)) {
-			e->status = IBV_WC_LOC_PROT_ERR;
-			e->opcode = IBV_WC_RECV;
-			e->byte_len = 0;
-			e->wc_flags = 0;
-			atomic_store_explicit(&s->rq_done, done + 1,
-					      memory_order_release);
-			rq_leave(qp);
-			c->rcv_active = false;
-			*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
-					  TERM_RDMAP_EC_UNSPEC, TERM_HDRCT_D);
-			rq_notify(qp, true);
-			return RX_ERR;
-		}
-		d->len = sg.length;
-		d->ptr = NULL;
-		c->rcv_room += sg.length;
-		c->rcv_n++;
-	}
-	rq_leave(qp);
-	return RX_OK;
+	return true;
 }
 
-/* Complete the claimed receive. */
+/* Complete the claimed receive, with the ring entered (unless the owner
+ * flushed it meanwhile). */
 static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
 			 enum ibv_wc_opcode op, uint64_t byte_len, bool imm,
-			 uint32_t imm_data, bool solicited)
+			 uint32_t imm_data)
 {
-	struct urdma_qp *qp = c->qp;
-	struct urdma_shm_qp *s = qp->shm;
+	struct urdma_shm_qp *s = c->qp->shm;
+	struct urdma_shm_rqe *e = urdma_rqe(s, c->rcv_idx);
 
 	c->rcv_active = false;
-	if (!rq_enter(qp))
+	if (atomic_load(&s->rq_done) != c->rcv_idx)
 		return;
-	if (atomic_load(&s->rq_done) == c->rcv_idx) {
-		struct urdma_shm_rqe *e = urdma_rqe(s, c->rcv_idx);
-
-		e->status = st;
-		e->opcode = op;
-		e->byte_len = byte_len;
-		e->imm_data = imm_data;
-		e->wc_flags = imm ? IBV_WC_WITH_IMM : 0;
-		e->src_qp = c->peer_qpn;
-		atomic_store_explicit(&s->rq_done, c->rcv_idx + 1,
-				      memory_order_release);
-	}
-	rq_leave(qp);
-	rq_notify(qp, solicited || st != IBV_WC_SUCCESS);
+	e->status = st;
+	e->opcode = op;
+	e->byte_len = byte_len;
+	e->imm_data = imm_data;
+	e->wc_flags = imm ? IBV_WC_WITH_IMM : 0;
+	e->src_qp = c->peer_qpn;
+	atomic_store_explicit(&s->rq_done, c->rcv_idx + 1,
+			      memory_order_release);
 }
 
+/* A Send segment: the first claims a receive WR, each is placed at its
+ * MO, the last completes the WR.  One pass through the ring's handshake
+ * per segment. */
 static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
 		   uint32_t *term)
 {
 	struct urdma_qp *qp = c->qp;
-	int r;
+	bool done = false, solicited = m->opcode == RDMAP_SEND_SE;
+	int r = RX_OK;
 
-	if (m->msn != c->rx_msn[DDP_QN_SEND]) {
-		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
-				  TERM_DDP_EC_U_INV_MSN, TERM_HDRCT_D);
-		return RX_ERR;
-	}
+	if (!rq_enter(qp))
+		return RX_OK; /* the QP left RTR: the stream is closing */
 	if (!m->mo && !c->rcv_active) {
-		r = rcv_claim(c, term);
-		if (r != RX_OK || !c->rcv_active)
-			return r; /* stalled, failed, or dropped */
-	}
-	if (!c->rcv_active)
-		return RX_OK; /* the rest of a dropped message */
-	if (m->mo != c->rcv_got) {
-		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
-				  TERM_DDP_EC_U_INV_MO, TERM_HDRCT_D);
-		return RX_ERR;
-	}
-	if (c->rcv_got + m->len > c->rcv_room) {
-		rcv_complete(c, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0, false, 0,
-			     true);
-		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
-				  TERM_DDP_EC_U_TOO_LONG, TERM_HDRCT_D);
-		return RX_ERR;
-	}
-	if (m->len) {
-		if (!rq_enter(qp)) {
-			c->rcv_active = false;
-			return RX_OK;
+		if (!rcv_claim(c)) {
+			r = RX_STALL; /* like RNR: hold the stream */
+			goto out;
 		}
-		r = spans_put(c->rcv_sp, c->rcv_n, c->rcv_got, m->payload,
-			      m->len);
-		rq_leave(qp);
-		if (r) {
+		c->rcv_active = true;
+		if (urdma_rqe_spans(qp->uctx->shm, qp->shm,
+				    urdma_rqe(qp->shm, c->rcv_idx), c->rcv_sp,
+				    &c->rcv_n, &c->rcv_room)) {
 			rcv_complete(c, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0,
-				     false, 0, true);
+				     false, 0);
 			*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
 					  TERM_RDMAP_EC_UNSPEC, TERM_HDRCT_D);
-			return RX_ERR;
+			r = RX_ERR;
+			goto out_done;
 		}
-		c->rcv_got += m->len;
 	}
-	if (m->last) {
-		rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV, c->rcv_got,
-			     c->imm_pending, c->imm, m->opcode == RDMAP_SEND_SE);
-		c->imm_pending = false;
-		c->rx_msn[DDP_QN_SEND]++;
+	if (!c->rcv_active || m->mo != c->rcv_got) {
+		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
+				  TERM_DDP_EC_U_INV_MO, TERM_HDRCT_D);
+		r = RX_ERR;
+		goto out;
 	}
-	return RX_OK;
+	if (c->rcv_got + m->len > c->rcv_room) {
+		rcv_complete(c, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0, false, 0);
+		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
+				  TERM_DDP_EC_U_TOO_LONG, TERM_HDRCT_D);
+		r = RX_ERR;
+		goto out_done;
+	}
+	if (m->len && spans_put(c->rcv_sp, c->rcv_n, c->rcv_got, m->payload,
+				m->len)) {
+		rcv_complete(c, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0, false, 0);
+		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
+				  TERM_RDMAP_EC_UNSPEC, TERM_HDRCT_D);
+		r = RX_ERR;
+		goto out_done;
+	}
+	c->rcv_got += m->len;
+	if (!m->last)
+		goto out;
+	rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV, c->rcv_got,
+		     c->imm_pending, c->imm);
+	c->imm_pending = false;
+	c->rx_msn[DDP_QN_SEND]++;
+out_done:
+	done = true;
+out:
+	urdma_rq_idle(qp->shm);
+	if (done) /* errors always notify */
+		rq_notify(qp, solicited || r == RX_ERR);
+	return r;
 }
 
-static int rx_imm(struct tcp_conn *c, const struct iwarp_msg *m,
-		  uint32_t *term)
+/* Immediate Data: for the next Send, or completing a Write's receive. */
+static int rx_imm(struct tcp_conn *c, const struct iwarp_msg *m)
 {
-	int r;
+	struct urdma_qp *qp = c->qp;
 
-	if (m->msn != c->rx_msn[DDP_QN_SEND]) {
-		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
-				  TERM_DDP_EC_U_INV_MSN, TERM_HDRCT_D);
-		return RX_ERR;
-	}
 	if (m->u.imm.flags & URDMA_IMM_FOR_SEND) {
 		c->imm_pending = true;
 		c->imm = m->u.imm.imm;
 		c->rx_msn[DDP_QN_SEND]++;
 		return RX_OK;
 	}
-	r = rcv_claim(c, term);
-	if (r != RX_OK)
-		return r;
-	if (c->rcv_active)
-		rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM,
-			     c->last_write_len, true, m->u.imm.imm,
-			     m->opcode == RDMAP_IMM_SE);
+	if (!rq_enter(qp))
+		return RX_OK;
+	if (!rcv_claim(c)) {
+		urdma_rq_idle(qp->shm);
+		return RX_STALL;
+	}
+	rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM,
+		     c->last_write_len, true, m->u.imm.imm);
+	urdma_rq_idle(qp->shm);
+	rq_notify(qp, m->opcode == RDMAP_IMM_SE);
 	c->rx_msn[DDP_QN_SEND]++;
 	return RX_OK;
 }
@@ -1058,11 +1001,6 @@ static int rx_read_req(struct tcp_conn *c, const struct iwarp_msg *m,
 	uint64_t va;
 	int err;
 
-	if (m->msn != c->rx_msn[DDP_QN_READ]) {
-		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
-				  TERM_DDP_EC_U_INV_MSN, TERM_HDRCT_D);
-		return RX_ERR;
-	}
 	err = remote_access(c->qp, rr->src_stag, rr->src_to, rr->size,
 			    IBV_ACCESS_REMOTE_READ, &va);
 	if (err) {
@@ -1092,11 +1030,6 @@ static int rx_atomic_req(struct tcp_conn *c, const struct iwarp_msg *m,
 	uint64_t *p;
 	int err;
 
-	if (m->msn != c->rx_msn[DDP_QN_ATOMIC_REQ]) {
-		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
-				  TERM_DDP_EC_U_INV_MSN, TERM_HDRCT_D);
-		return RX_ERR;
-	}
 	/* We implement the verbs atomics: no masks. */
 	if (a->opcode > ATOMIC_CMP_SWAP ||
 	    (a->opcode == ATOMIC_FETCH_ADD && a->add_swap_mask) ||
@@ -1122,13 +1055,10 @@ static int rx_atomic_req(struct tcp_conn *c, const struct iwarp_msg *m,
 		*term = lookup_term(-EFAULT, false);
 		return RX_ERR;
 	}
-	if (a->opcode == ATOMIC_FETCH_ADD) {
-		orig = __atomic_fetch_add(p, a->add_swap, __ATOMIC_SEQ_CST);
-	} else {
-		orig = a->compare;
-		__atomic_compare_exchange_n(p, &orig, a->add_swap, false,
-					    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-	}
+	orig = urdma_atomic_apply(p, a->opcode == ATOMIC_CMP_SWAP,
+				  a->opcode == ATOMIC_CMP_SWAP ? a->compare :
+								 a->add_swap,
+				  a->add_swap);
 	c->rx_msn[DDP_QN_ATOMIC_REQ]++;
 	resp.req_id = htonl(a->req_id);
 	resp.orig = htobe64(orig);
@@ -1146,11 +1076,6 @@ static int rx_atomic_resp(struct tcp_conn *c, const struct iwarp_msg *m,
 	enum ibv_wc_status st = IBV_WC_SUCCESS;
 	uint32_t f;
 
-	if (m->msn != c->rx_msn[DDP_QN_ATOMIC_RESP]) {
-		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
-				  TERM_DDP_EC_U_INV_MSN, TERM_HDRCT_D);
-		return RX_ERR;
-	}
 	c->rx_msn[DDP_QN_ATOMIC_RESP]++;
 	pthread_mutex_lock(&c->ord_lock);
 	o = ord_find(c, m->u.aresp.req_id, true);
@@ -1211,13 +1136,21 @@ static void rx_terminate(struct tcp_conn *c, const struct iwarp_msg *m)
 static int rx_msg(struct tcp_conn *c, const struct iwarp_msg *m,
 		  uint32_t *term)
 {
+	/* Untagged messages come in order on their queue (a Terminate is
+	 * taken whatever its MSN). */
+	if (!m->tagged && m->opcode != RDMAP_TERMINATE &&
+	    m->msn != c->rx_msn[m->qn]) {
+		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
+				  TERM_DDP_EC_U_INV_MSN, TERM_HDRCT_D);
+		return RX_ERR;
+	}
 	switch (m->opcode) {
 	case RDMAP_SEND:
 	case RDMAP_SEND_SE:
 		return rx_send(c, m, term);
 	case RDMAP_IMM:
 	case RDMAP_IMM_SE:
-		return rx_imm(c, m, term);
+		return rx_imm(c, m);
 	case RDMAP_WRITE:
 		return rx_write(c, m, term);
 	case RDMAP_READ_REQ:
