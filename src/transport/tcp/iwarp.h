@@ -20,6 +20,24 @@
 #include <assert.h>
 #include <endian.h>
 #include <stdint.h>
+#include <string.h>
+
+/* Big-endian fields at any alignment. */
+static inline uint32_t iwarp_get32(const uint8_t *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return be32toh(v);
+}
+
+static inline uint64_t iwarp_get64(const uint8_t *p)
+{
+	uint64_t v;
+
+	memcpy(&v, p, 8);
+	return be64toh(v);
+}
 
 /* ---- MPA (RFC 5044 section 7) ---- */
 

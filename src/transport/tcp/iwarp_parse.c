@@ -1,27 +1,9 @@
 // SPDX-License-Identifier: MIT
 #include "transport/tcp/iwarp_parse.h"
 
-#include <arpa/inet.h>
-#include <endian.h>
 #include <string.h>
 
 #include "transport/tcp/crc32c.h"
-
-static uint32_t get32(const uint8_t *p)
-{
-	uint32_t v;
-
-	memcpy(&v, p, 4);
-	return ntohl(v);
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-	uint64_t v;
-
-	memcpy(&v, p, 8);
-	return be64toh(v);
-}
 
 /* Bytes of opcode-specific header after the DDP header; -1: any length
  * (data), -2: at least 4 (Terminate). */
@@ -119,15 +101,15 @@ long iwarp_parse_fpdu(const uint8_t *buf, size_t avail, bool crc,
 	m->hdr = buf + 2;
 	m->hdr_len = hlen;
 	if (m->tagged) {
-		m->stag = get32(buf + 4);
-		m->to = get64(buf + 8);
+		m->stag = iwarp_get32(buf + 4);
+		m->to = iwarp_get64(buf + 8);
 		m->qn = m->msn = m->mo = 0;
 	} else {
 		m->stag = 0;
 		m->to = 0;
-		m->qn = get32(buf + 8);
-		m->msn = get32(buf + 12);
-		m->mo = get32(buf + 16);
+		m->qn = iwarp_get32(buf + 8);
+		m->msn = iwarp_get32(buf + 12);
+		m->mo = iwarp_get32(buf + 16);
 	}
 	oh = op_hdr_len(m->opcode);
 	/* Tagged: Write and Read Response only; untagged: all others. */
@@ -160,37 +142,37 @@ long iwarp_parse_fpdu(const uint8_t *buf, size_t avail, bool crc,
 	case RDMAP_READ_REQ: {
 		const uint8_t *p = m->payload;
 
-		m->u.rr.sink_stag = get32(p);
-		m->u.rr.sink_to = get64(p + 4);
-		m->u.rr.size = get32(p + 12);
-		m->u.rr.src_stag = get32(p + 16);
-		m->u.rr.src_to = get64(p + 20);
+		m->u.rr.sink_stag = iwarp_get32(p);
+		m->u.rr.sink_to = iwarp_get64(p + 4);
+		m->u.rr.size = iwarp_get32(p + 12);
+		m->u.rr.src_stag = iwarp_get32(p + 16);
+		m->u.rr.src_to = iwarp_get64(p + 20);
 		break;
 	}
 	case RDMAP_ATOMIC_REQ: {
 		const uint8_t *p = m->payload;
 
-		m->u.areq.opcode = get32(p) & 0xf;
-		m->u.areq.req_id = get32(p + 4);
-		m->u.areq.stag = get32(p + 8);
-		m->u.areq.to = get64(p + 12);
-		m->u.areq.add_swap = get64(p + 20);
-		m->u.areq.add_swap_mask = get64(p + 28);
-		m->u.areq.compare = get64(p + 36);
-		m->u.areq.compare_mask = get64(p + 44);
+		m->u.areq.opcode = iwarp_get32(p) & 0xf;
+		m->u.areq.req_id = iwarp_get32(p + 4);
+		m->u.areq.stag = iwarp_get32(p + 8);
+		m->u.areq.to = iwarp_get64(p + 12);
+		m->u.areq.add_swap = iwarp_get64(p + 20);
+		m->u.areq.add_swap_mask = iwarp_get64(p + 28);
+		m->u.areq.compare = iwarp_get64(p + 36);
+		m->u.areq.compare_mask = iwarp_get64(p + 44);
 		break;
 	}
 	case RDMAP_ATOMIC_RESP:
-		m->u.aresp.req_id = get32(m->payload);
-		m->u.aresp.orig = get64(m->payload + 4);
+		m->u.aresp.req_id = iwarp_get32(m->payload);
+		m->u.aresp.orig = iwarp_get64(m->payload + 4);
 		break;
 	case RDMAP_IMM:
 	case RDMAP_IMM_SE:
 		memcpy(&m->u.imm.imm, m->payload, 4); /* stays in wire order */
-		m->u.imm.flags = get32(m->payload + 4);
+		m->u.imm.flags = iwarp_get32(m->payload + 4);
 		break;
 	case RDMAP_TERMINATE:
-		m->u.term_ctrl = get32(m->payload);
+		m->u.term_ctrl = iwarp_get32(m->payload);
 		break;
 	default:
 		break;

@@ -44,6 +44,9 @@
 
 #define RBUF_SIZE (256 * 1024)
 #define TX_IOV 64
+/* Accepted connections still in their handshake hold an fd and a buffer
+ * each: at most this many, for at most this long. */
+#define PENDING_MAX 64
 #define PENDING_TIMEOUT_NS (60ull * 1000000000ull)
 #define RETRY_CONNECT_NS (20ull * 1000000ull)
 
@@ -85,12 +88,20 @@ struct tcp_unc {
 	uint64_t to;
 };
 
+/* One FPDU being sent: its header bytes and its pad + CRC. */
+struct tx_seg {
+	uint8_t hdr[2 + sizeof(struct ddp_untagged_hdr) +
+		    sizeof(struct rdmap_atomic_req)];
+	uint8_t trailer[8];
+	uint32_t hlen, tlen; /* bytes used in hdr and trailer */
+};
+
 struct tcp_conn {
 	struct urdma_watcher w;
 	struct list_head node; /* in T.pending while being set up */
 	int fd;
 	_Atomic int state;
-	bool active, crc;
+	bool crc;
 	bool closing; /* under rx_lock: the QP let go */
 	struct urdma_qp *qp;
 	uint32_t local_qpn, peer_qpn;
@@ -114,9 +125,8 @@ struct tcp_conn {
 	_Atomic bool unread;	       /* the progress thread left data */
 	/* send side, under tx_lock */
 	uint32_t tx_msn[DDP_NUM_QN];
-	uint8_t tx_tail[64]; /* an FPDU to send with the next message's end */
+	struct tx_seg tx_tail; /* an FPDU to send with the next message's end */
 	unsigned timeout_ms; /* TCP_USER_TIMEOUT set, + 1 (0: never set) */
-	uint32_t tx_tail_len;
 	/* outstanding Reads and atomics, unconfirmed messages: ord_lock */
 	struct tcp_ord ord[URDMA_MAX_RD_ATOM];
 	uint32_t next_tag;
@@ -124,7 +134,6 @@ struct tcp_conn {
 	uint32_t unc_head, unc_tail, unc_size;
 	/* failure */
 	_Atomic bool dead;
-	uint64_t dead_ns;
 	bool dead_handled;
 };
 
@@ -232,6 +241,36 @@ static void listener_release(struct urdma_watcher *w)
 	free(l);
 }
 
+static bool passive_pending(const struct tcp_conn *c)
+{
+	int st = atomic_load(&c->state);
+
+	return st == C_WAIT_REQ || st == C_PENDING_QP;
+}
+
+/* Close accepted connections over the bounds, oldest first (T.pending is
+ * in arrival order).  The initiator of a legitimate one reconnects.  Under
+ * T.lock, as connections arrive. */
+static void pending_trim(void)
+{
+	uint64_t now = urdma_now_ns();
+	struct tcp_conn *c, *n;
+	int count = 0;
+
+	list_for_each_entry(c, &T.pending, node)
+		count += passive_pending(c);
+	list_for_each_entry_safe(c, n, &T.pending, node) {
+		if (!passive_pending(c))
+			continue;
+		if (count <= PENDING_MAX &&
+		    now - c->since_ns < PENDING_TIMEOUT_NS)
+			break;
+		urdma_dbg("tcp: closing a connection that never finished MPA");
+		conn_bury(c);
+		count--;
+	}
+}
+
 static void listener_cb(struct urdma_watcher *w, uint32_t events)
 {
 	struct tcp_listener *l = (struct tcp_listener *)w;
@@ -260,6 +299,7 @@ static void listener_cb(struct urdma_watcher *w, uint32_t events)
 		if (urdma_progress_watch_events(fd, EPOLLIN, URDMA_WATCH_FN, &c->w,
 						false))
 			conn_bury(c);
+		pending_trim();
 		pthread_mutex_unlock(&T.lock);
 	}
 }
@@ -363,7 +403,6 @@ static void conn_set_dead(struct tcp_conn *c, const char *why)
 {
 	if (atomic_exchange(&c->dead, true))
 		return;
-	c->dead_ns = urdma_now_ns();
 	urdma_info("tcp: qp %#x: connection to qp %#x lost: %s", c->local_qpn,
 		   c->peer_qpn, why);
 	urdma_progress_kick();
@@ -404,63 +443,81 @@ static int tx_all(struct tcp_conn *c, struct iovec *iov, int n)
 	return 0;
 }
 
-struct tx_seg {
-	uint8_t hdr[2 + sizeof(struct ddp_untagged_hdr) +
-		    sizeof(struct rdmap_atomic_req)];
-	uint8_t trailer[8];
-};
+/* Frame one segment around hdr (the DDP/RDMAP header and any opcode
+ * header) and plen payload bytes at offset off of the message: ULPDU
+ * length, L flag, TO (tagged) or MO (untagged).  Returns the CRC so far;
+ * the caller adds the payload's, then seg_close(). */
+static uint32_t seg_open(struct tcp_conn *c, struct tx_seg *s,
+			 const uint8_t *hdr, uint32_t hlen, uint32_t plen,
+			 uint64_t off, bool last)
+{
+	uint32_t ulpdu = hlen + plen;
+
+	s->hdr[0] = ulpdu >> 8;
+	s->hdr[1] = ulpdu & 0xff;
+	memcpy(s->hdr + 2, hdr, hlen);
+	if (last)
+		s->hdr[2] |= DDP_FLAG_L;
+	else
+		s->hdr[2] &= ~DDP_FLAG_L;
+	if (hdr[0] & DDP_FLAG_T) {
+		uint64_t to;
+
+		memcpy(&to, hdr + 6, 8);
+		to = htobe64(be64toh(to) + off);
+		memcpy(s->hdr + 2 + 6, &to, 8);
+	} else {
+		uint32_t mo = htonl((uint32_t)off);
+
+		memcpy(s->hdr + 2 + 14, &mo, 4);
+	}
+	s->hlen = 2 + hlen;
+	s->tlen = ((4 - ((2 + ulpdu) & 3)) & 3) + 4; /* pad, CRC */
+	return c->crc ? urdma_crc32c_update(~0u, s->hdr, s->hlen) : 0;
+}
+
+static void seg_close(struct tcp_conn *c, struct tx_seg *s, uint32_t crc)
+{
+	uint32_t pad = s->tlen - 4, v;
+
+	memset(s->trailer, 0, pad);
+	if (c->crc)
+		crc = urdma_crc32c_update(crc, s->trailer, pad);
+	v = c->crc ? MPA_CRC_WIRE(~crc) : 0;
+	memcpy(s->trailer + pad, &v, 4);
+}
 
 /*
  * Send one message: hdr (DDP+RDMAP header and any opcode header, hlen
  * bytes, ULPDU length not included) then len bytes from spans, cut into
- * segments.  Tagged messages advance the TO, untagged ones the MO; the
- * last segment gets the L flag.  Under tx_lock.
+ * segments.  A pending tail (tx_flush_tail) goes out in the same writev.
+ * Under tx_lock.
  */
 static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		  const struct urdma_span *sp, int nsp, uint64_t len)
 {
 	struct tx_seg seg[TX_IOV / 4];
 	struct iovec iov[TX_IOV];
-	bool tagged = hdr[0] & DDP_FLAG_T;
-	uint64_t off = 0, base_to = 0, soff = 0;
+	uint64_t off = 0, soff = 0;
 	int si = 0, niov = 0, nseg = 0, ret;
 
-	if (tagged) {
-		memcpy(&base_to, hdr + 6, 8);
-		base_to = be64toh(base_to);
-	}
 	do {
 		uint32_t plen = len - off > IWARP_SEG_PAYLOAD ? IWARP_SEG_PAYLOAD :
 								  (uint32_t)(len - off);
-		uint32_t ulpdu = hlen + plen, pad = (4 - ((2 + ulpdu) & 3)) & 3;
 		struct tx_seg *s = &seg[nseg++];
-		uint32_t crc = ~0u, be;
+		uint32_t crc = seg_open(c, s, hdr, hlen, plen, off,
+					off + plen == len);
 		uint32_t left = plen;
 
-		s->hdr[0] = ulpdu >> 8;
-		s->hdr[1] = ulpdu & 0xff;
-		memcpy(s->hdr + 2, hdr, hlen);
-		if (off + plen == len)
-			s->hdr[2] |= DDP_FLAG_L;
-		else
-			s->hdr[2] &= ~DDP_FLAG_L;
-		if (tagged) {
-			uint64_t to = htobe64(base_to + off);
-
-			memcpy(s->hdr + 2 + 6, &to, 8);
-		} else {
-			be = htonl((uint32_t)off);
-			memcpy(s->hdr + 2 + 14, &be, 4);
-		}
-		iov[niov++] = (struct iovec){ s->hdr, 2 + hlen };
-		if (c->crc)
-			crc = urdma_crc32c_update(crc, s->hdr, 2 + hlen);
+		iov[niov++] = (struct iovec){ s->hdr, s->hlen };
 		while (left) {
 			uint64_t avail, n;
 			uint8_t *p;
 
-			while (soff == sp[si].len)
+			while (si < nsp && soff == sp[si].len)
 				si++, soff = 0;
+			if (si == nsp)
+				return -EFAULT; /* spans shorter than len */
 			if (sp[si].ptr) {
 				p = sp[si].ptr + soff;
 				avail = sp[si].len - soff;
@@ -486,12 +543,8 @@ static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 			soff += n;
 			left -= n;
 		}
-		memset(s->trailer, 0, 4);
-		if (c->crc)
-			crc = urdma_crc32c_update(crc, s->trailer, pad);
-		be = c->crc ? MPA_CRC_WIRE(~crc) : 0;
-		memcpy(s->trailer + pad, &be, 4);
-		iov[niov++] = (struct iovec){ s->trailer, pad + 4 };
+		seg_close(c, s, crc);
+		iov[niov++] = (struct iovec){ s->trailer, s->tlen };
 		off += plen;
 		if (nseg == TX_IOV / 4 || niov >= TX_IOV - 6) {
 			ret = tx_all(c, iov, niov);
@@ -501,9 +554,10 @@ static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 			nseg = 0;
 		}
 	} while (off < len);
-	if (c->tx_tail_len) {
-		iov[niov++] = (struct iovec){ c->tx_tail, c->tx_tail_len };
-		c->tx_tail_len = 0;
+	if (c->tx_tail.hlen) {
+		iov[niov++] = (struct iovec){ c->tx_tail.hdr, c->tx_tail.hlen };
+		iov[niov++] = (struct iovec){ c->tx_tail.trailer, c->tx_tail.tlen };
+		c->tx_tail.hlen = 0;
 	}
 	return niov ? tx_all(c, iov, niov) : 0;
 }
@@ -547,15 +601,21 @@ static int tx_ctrl(struct tcp_conn *c, unsigned op, uint32_t qn,
 	return tx_msg(c, h, n + blen, NULL, 0, 0);
 }
 
+/* A Terminate for the segment whose DDP header is at hdr, in the receive
+ * buffer right after its ULPDU length: with D, that header (hdr_len bytes,
+ * and the Read Request body after it when R is set too) and, with M, the
+ * segment's length. */
 static void send_terminate(struct tcp_conn *c, uint32_t ctrl,
 			   const uint8_t *hdr, uint32_t hdr_len)
 {
 	struct rdmap_terminate t = { .ctrl = htonl(ctrl) };
 	uint32_t blen = 4;
 
-	if (hdr && (ctrl >> 13 & TERM_HDRCT_D)) {
+	if (hdr_len && (ctrl >> 13 & TERM_HDRCT_D)) {
+		if (ctrl >> 13 & TERM_HDRCT_R)
+			hdr_len += sizeof(struct rdmap_read_req);
 		t.ctrl = htonl(ctrl | TERM_HDRCT_M << 13);
-		t.ddp_seg_len = htons(hdr_len);
+		memcpy(&t.ddp_seg_len, hdr - 2, 2);
 		memcpy(t.hdr, hdr, hdr_len);
 		blen = 4 + 2 + hdr_len;
 	}
@@ -656,14 +716,10 @@ static uint32_t unc_find_hdr(struct tcp_conn *c, const uint8_t *h, size_t len)
 
 	if (len < sizeof(struct ddp_tagged_hdr))
 		return c->unc_head;
-	memcpy(&stag, h + 2, 4);
-	stag = ntohl(stag);
-	memcpy(&to, h + 6, 8);
-	to = be64toh(to);
-	memcpy(&qn, h + 6, 4);
-	qn = ntohl(qn);
-	memcpy(&msn, h + 10, 4);
-	msn = ntohl(msn);
+	stag = iwarp_get32(h + 2); /* tagged: STag, TO */
+	to = iwarp_get64(h + 6);
+	qn = iwarp_get32(h + 6); /* untagged: QN, MSN */
+	msn = iwarp_get32(h + 10);
 	pthread_mutex_lock(&c->ord_lock);
 	for (i = c->unc_head; i != c->unc_tail; i++) {
 		struct tcp_unc *u = &c->unc[i & (c->unc_size - 1)];
@@ -1201,8 +1257,13 @@ static void rx_locked(struct tcp_conn *c)
 			if (n == 0)
 				break;
 			if (n < 0) {
+				/* The parser has seen at least 4 bytes. */
+				size_t hl = c->rbuf[off + 2] & DDP_FLAG_T ?
+						    sizeof(struct ddp_tagged_hdr) :
+						    sizeof(struct ddp_untagged_hdr);
+
 				rx_fail(c, term, c->rbuf + off + 2,
-					c->rlen - off - 2 >= 18 ? 18 : 0);
+					c->rlen - off - 2 >= hl ? hl : 0);
 				return;
 			}
 			r = rx_msg(c, &m, &term);
@@ -1352,12 +1413,12 @@ static void conn_up(struct tcp_conn *c)
 }
 
 /* Passive side: the QP is ready for this connection.  Under T.lock. */
-static void conn_attach(struct tcp_conn *c, struct urdma_qp *qp, bool crc_req)
+static void conn_attach(struct tcp_conn *c, struct urdma_qp *qp)
 {
 	struct urdma_mpa_pd pd;
 
 	c->qp = qp;
-	c->crc = crc_req || want_crc();
+	c->crc = c->crc || want_crc(); /* the Request's wish, or ours */
 	if (!unc_alloc(c, qp)) {
 		conn_bury(c);
 		return;
@@ -1441,7 +1502,7 @@ static void handshake(struct tcp_conn *c, uint32_t events)
 		}
 		if (reg->ready && reg->peer_qpn == c->peer_qpn &&
 		    !reg->qp->tr_priv) {
-			conn_attach(c, reg->qp, c->crc);
+			conn_attach(c, reg->qp);
 			return;
 		}
 		atomic_store(&c->state, C_PENDING_QP);
@@ -1574,7 +1635,7 @@ static int tcp_connect(struct urdma_qp *qp, const struct ibv_qp_attr *attr)
 			if (atomic_load(&c->state) == C_PENDING_QP &&
 			    c->local_qpn == qp->ibqp.qp_num &&
 			    c->peer_qpn == attr->dest_qp_num) {
-				conn_attach(c, qp, c->crc);
+				conn_attach(c, qp);
 				break;
 			}
 		}
@@ -1586,7 +1647,6 @@ static int tcp_connect(struct urdma_qp *qp, const struct ibv_qp_attr *attr)
 		pthread_mutex_unlock(&T.lock);
 		return -ENOMEM;
 	}
-	c->active = true;
 	c->qp = qp;
 	if (!unc_alloc(c, qp)) {
 		free(c->rbuf);
@@ -1646,25 +1706,21 @@ static struct tcp_ord *ord_get(struct tcp_conn *c, struct urdma_qp *qp)
 /* The flush Read goes out in the same writev as the end of the message it
  * follows, so a peer that takes the message also finds the Read (and
  * answers it) before its application can see the completion and exit. */
-static void tx_flush_read_tail(struct tcp_conn *c, uint32_t tag)
+static void tx_flush_tail(struct tcp_conn *c, uint32_t tag)
 {
 	struct rdmap_read_req rr = { .sink_stag = htonl(tag) };
-	uint8_t *b = c->tx_tail;
-	uint32_t n = put_untagged(b + 2, RDMAP_READ_REQ, DDP_QN_READ,
+	uint8_t h[sizeof(struct ddp_untagged_hdr) + sizeof(rr)];
+	uint32_t n = put_untagged(h, RDMAP_READ_REQ, DDP_QN_READ,
 				  c->tx_msn[DDP_QN_READ]++);
-	uint32_t ulpdu = n + sizeof(rr), wire = iwarp_fpdu_len(ulpdu), crc;
 
-	b[0] = ulpdu >> 8;
-	b[1] = ulpdu & 0xff;
-	b[2] |= DDP_FLAG_L;
-	memcpy(b + 2 + n, &rr, sizeof(rr));
-	memset(b + 2 + ulpdu, 0, wire - 2 - ulpdu);
-	crc = c->crc ? MPA_CRC_WIRE(urdma_crc32c(b, wire - 4)) : 0;
-	memcpy(b + wire - 4, &crc, 4);
-	c->tx_tail_len = wire;
+	memcpy(h + n, &rr, sizeof(rr));
+	seg_close(c, &c->tx_tail,
+		  seg_open(c, &c->tx_tail, h, n + sizeof(rr), 0, 0, true));
 }
 
-/* Send or Write (with or without immediate data).  Under tx_lock. */
+/* Send or Write (with or without immediate data).  Under tx_lock.  A
+ * failed write leaves the connection dead: tcp_maintain then fails the
+ * unconfirmed messages, this one first. */
 static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
 			  struct urdma_swqe *w, const struct urdma_span *sp,
 			  int n)
@@ -1691,33 +1747,33 @@ static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
 			tag;
 	}
 	pthread_mutex_unlock(&c->ord_lock);
-	if (imm && send) {
-		struct rdmap_imm im = { .imm = w->imm_data,
-					.flags = htonl(URDMA_IMM_FOR_SEND) };
+	if (send) {
+		if (imm) {
+			struct rdmap_imm im = {
+				.imm = w->imm_data,
+				.flags = htonl(URDMA_IMM_FOR_SEND),
+			};
 
-		ret = tx_ctrl(c, RDMAP_IMM, DDP_QN_SEND, &im, sizeof(im));
-	}
-	if (sig && !(imm && !send))
-		tx_flush_read_tail(c, tag); /* rides with the message's end */
-	if (!ret && send) {
+			ret = tx_ctrl(c, RDMAP_IMM, DDP_QN_SEND, &im, sizeof(im));
+		}
 		hl = put_untagged(h, se ? RDMAP_SEND_SE : RDMAP_SEND, DDP_QN_SEND,
 				  c->tx_msn[DDP_QN_SEND]++);
-		ret = tx_msg(c, h, hl, sp, n, w->byte_len);
-	} else if (!ret) {
+	} else {
 		hl = put_tagged(h, RDMAP_WRITE, w->rkey, w->remote_addr);
-		ret = tx_msg(c, h, hl, sp, n, w->byte_len);
-		if (!ret && imm) {
-			struct rdmap_imm im = { .imm = w->imm_data };
-
-			if (sig)
-				tx_flush_read_tail(c, tag);
-			ret = tx_ctrl(c, se ? RDMAP_IMM_SE : RDMAP_IMM,
-				      DDP_QN_SEND, &im, sizeof(im));
-		}
 	}
-	c->tx_tail_len = 0; /* sent, or the stream is dead */
-	/* A failed write leaves the connection dead: tcp_maintain fails
-	 * the unconfirmed messages, this one first. */
+	if (!ret && sig && !(imm && !send))
+		tx_flush_tail(c, tag); /* rides with the message's end */
+	if (!ret)
+		ret = tx_msg(c, h, hl, sp, n, w->byte_len);
+	if (!ret && imm && !send) {
+		struct rdmap_imm im = { .imm = w->imm_data };
+
+		if (sig)
+			tx_flush_tail(c, tag);
+		tx_ctrl(c, se ? RDMAP_IMM_SE : RDMAP_IMM, DDP_QN_SEND, &im,
+			sizeof(im));
+	}
+	c->tx_tail.hlen = 0; /* sent, or the stream is dead */
 }
 
 /* Read or atomic.  Under tx_lock. */
