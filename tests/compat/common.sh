@@ -10,6 +10,7 @@
 #                           server + client on loopback (the server's port is
 #                           awaited in network namespace $PAIR_NETNS if set);
 #                           sets PAIR_SRV_LOG, PAIR_CLI_LOG, PAIR_SRV_RC, PAIR_CLI_RC
+#   run_cases SHOW CASE...  client/server pairs from a table (see below)
 #   pass NAME / fail NAME WHY   record a result
 #   finish                  print the summary, exit 0 or 1
 #
@@ -268,4 +269,59 @@ pair_result() {
     show_log "$PAIR_SRV_LOG" "server output"
     show_log "$PAIR_CLI_LOG" "client output"
     return 1
+}
+
+# run_cases SHOW CASE...: one server/client pair per CASE, a string
+# "name|program and arguments, both sides".  The server runs
+# "$SRV_RUN PROGRAM ARGS -p PORT $SRV_ARGS", the client the same with
+# $CLI_RUN and $CLI_ARGS, then $TARGET (the server's address).  Names get
+# $CASE_PREFIX and $CASE_SUFFIX; ports start at $PORT_BASE and go on from
+# one call to the next; each process has $T seconds.  A pair passes when
+# both exit 0 and the client's log matches $RESULT_RE (and $RESULT_CHECK,
+# a function of the log, if set); SHOW LOG then prints what to keep of it.
+run_cases() {
+    local show=$1 c name
+    shift
+    CASE_PORT=${CASE_PORT:-$PORT_BASE}
+    for c in "$@"; do
+        name="${CASE_PREFIX:-}${c%%|*}${CASE_SUFFIX:-}"
+        budget_left "$name" || continue
+        CASE_PORT=$(free_port "$CASE_PORT")
+        log "== $name"
+        run_pair "$name" "$T" "$CASE_PORT" \
+            "$SRV_RUN ${c#*|} -p $CASE_PORT ${SRV_ARGS:-}" \
+            "$CLI_RUN ${c#*|} -p $CASE_PORT ${CLI_ARGS:-} $TARGET"
+        if pair_result "$name" "$RESULT_RE" "${RESULT_CHECK:-}"; then
+            "$show" "$PAIR_CLI_LOG"
+        fi
+        CASE_PORT=$((CASE_PORT + 1))
+    done
+}
+
+# Tables and checks shared by the loopback and the two-host scripts.
+# ibv_rc_pingpong prints its rates; perftest a results table: a numeric row
+# under the "#bytes" header.
+RC_RESULT_RE='[0-9]+ bytes in [0-9.]+ seconds'
+show_rc_rates() { grep -E 'bytes in|iters in' "$1" | sed 's/^/  | /'; }
+# shellcheck disable=SC2317  # called through RESULT_CHECK
+perftest_has_table() {
+    awk '/#bytes/ { hdr = 1; next }
+         hdr && /^[[:space:]]*[0-9]+[[:space:]]+[0-9]+/ { found = 1 }
+         END { exit !found }' "$1"
+}
+show_perftest_table() {
+    awk '/#bytes/ { hdr = 1 } hdr' "$1" | grep -vE '^-+$' | head -n 30 | sed 's/^/  | /'
+}
+# perftest_cases DEVICE: each ib_{send,write,read}_{lat,bw} with default
+# parameters and with -a (all sizes, -n 100), as run_cases cases in
+# PERFTEST_CASES.  -F: don't fail on differing per-core "cpu MHz" (VMs).
+perftest_cases() {
+    local t v
+    PERFTEST_CASES=()
+    for t in ib_send_lat ib_send_bw ib_write_lat ib_write_bw ib_read_lat ib_read_bw; do
+        need_cmd "$t" perftest
+        for v in "defaults|" "all sizes|-a -n 100"; do
+            PERFTEST_CASES+=("$t (${v%%|*})|$t -d $1 -F ${v#*|}")
+        done
+    done
 }

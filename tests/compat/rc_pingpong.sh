@@ -25,34 +25,23 @@ else
     log "GID index of ::ffff:127.0.0.1: $GID_IDX"
 fi
 
-# name | extra arguments (both sides)
-CASES=(
-    "default|"
-    "events|-e -n 20000"
-    "size1|-s 1"
-    "size4096|-s 4096"
-    "size65536|-s 65536 -n 500"
-    "size1048576|-s 1048576 -n 100"
-    "iters10000|-n 10000"
-    "chk|-c"
-)
-
-port=$PORT_BASE
+SRV_RUN="$URDMA run"
+CLI_RUN="$URDMA run"
+TARGET=127.0.0.1
+CASE_PREFIX="rc_pingpong "
+RESULT_RE=$RC_RESULT_RE
 for gid in "" "-g $GID_IDX"; do
-    for c in "${CASES[@]}"; do
-        name="rc_pingpong ${c%%|*}${gid:+ $gid}"
-        args="${c#*|}${gid:+ $gid}"
-        budget_left "$name" || continue
-        port=$(free_port "$port")
-        log "== $name"
-        run_pair "$name" "$T" "$port" \
-            "$URDMA run ibv_rc_pingpong -p $port $args" \
-            "$URDMA run ibv_rc_pingpong -p $port $args 127.0.0.1"
-        if pair_result "$name" '[0-9]+ bytes in [0-9.]+ seconds'; then
-            grep -E 'bytes in|iters in' "$PAIR_CLI_LOG" | sed 's/^/  | /'
-        fi
-        port=$((port + 1))
-    done
+    SRV_ARGS=$gid
+    CLI_ARGS=$gid
+    CASE_SUFFIX=${gid:+ $gid}
+    run_cases show_rc_rates \
+        "default|ibv_rc_pingpong" \
+        "events|ibv_rc_pingpong -e -n 20000" \
+        "size1|ibv_rc_pingpong -s 1" \
+        "size4096|ibv_rc_pingpong -s 4096" \
+        "size65536|ibv_rc_pingpong -s 65536 -n 500" \
+        "size1048576|ibv_rc_pingpong -s 1048576 -n 100" \
+        "iters10000|ibv_rc_pingpong -n 10000" \
+        "chk|ibv_rc_pingpong -c"
 done
-
 finish

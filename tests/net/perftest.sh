@@ -23,37 +23,12 @@ PAIR_NETNS=$SRV_NS
 
 PORT_BASE=${NET_PERFTEST_PORT:-18700}
 T=${NET_PERFTEST_TIMEOUT:-40}    # per process, seconds
-DEV=${COMPAT_DEVICE:-urdma0}
-
-# has_table LOG: a line starting with a number follows the "#bytes" header.
-# shellcheck disable=SC2317  # called indirectly by pair_result
-has_table() {
-    awk '/#bytes/ { hdr = 1; next }
-         hdr && /^[[:space:]]*[0-9]+[[:space:]]+[0-9]+/ { found = 1 }
-         END { exit !found }' "$1"
-}
-
-TESTS=(ib_send_lat ib_send_bw ib_write_lat ib_write_bw ib_read_lat ib_read_bw)
-# -F: do not fail on differing per-core "cpu MHz" values (VMs).
-VARIANTS=("defaults|" "all sizes|-a -n 100")
-
-port=$PORT_BASE
-for t in "${TESTS[@]}"; do
-    need_cmd "$t" perftest
-    for v in "${VARIANTS[@]}"; do
-        name="net $t (${v%%|*})"
-        vargs=${v#*|}
-        budget_left "$name" || continue
-        port=$(free_port "$port")
-        log "== $name"
-        run_pair "$name" "$T" "$port" \
-            "$SRV_RUN $t -d $DEV -p $port -F -x $SRV_GID $vargs" \
-            "$CLI_RUN $t -d $DEV -p $port -F -x $CLI_GID $vargs $SRV_IP"
-        if pair_result "$name" '#bytes' has_table; then
-            awk '/#bytes/ { hdr = 1 } hdr' "$PAIR_CLI_LOG" | grep -vE '^-+$' | head -n 30 | sed 's/^/  | /'
-        fi
-        port=$((port + 1))
-    done
-done
-
+SRV_ARGS="-x $SRV_GID"
+CLI_ARGS="-x $CLI_GID"
+TARGET=$SRV_IP
+CASE_PREFIX="net "
+RESULT_RE='#bytes'
+RESULT_CHECK=perftest_has_table
+perftest_cases "${COMPAT_DEVICE:-urdma0}"
+run_cases show_perftest_table "${PERFTEST_CASES[@]}"
 finish

@@ -22,32 +22,17 @@ PAIR_NETNS=$SRV_NS
 
 PORT_BASE=${NET_RC_PORT:-18600}
 T=${NET_RC_TIMEOUT:-40}     # per process, seconds
-
-# name | extra arguments (both sides)
-CASES=(
-    "default|"
-    "events|-e"
-    "size1|-s 1"
-    "size4096|-s 4096"
-    "size65536|-s 65536 -n 500"
-    "size1048576|-s 1048576 -n 100"
-    "events5000|-e -n 5000"
-)
-
-port=$PORT_BASE
-for c in "${CASES[@]}"; do
-    name="net rc_pingpong ${c%%|*}"
-    args=${c#*|}
-    budget_left "$name" || continue
-    port=$(free_port "$port")
-    log "== $name"
-    run_pair "$name" "$T" "$port" \
-        "$SRV_RUN ibv_rc_pingpong -p $port -g $SRV_GID $args" \
-        "$CLI_RUN ibv_rc_pingpong -p $port -g $CLI_GID $args $SRV_IP"
-    if pair_result "$name" '[0-9]+ bytes in [0-9.]+ seconds'; then
-        grep -E 'bytes in|iters in' "$PAIR_CLI_LOG" | sed 's/^/  | /'
-    fi
-    port=$((port + 1))
-done
-
+SRV_ARGS="-g $SRV_GID"
+CLI_ARGS="-g $CLI_GID"
+TARGET=$SRV_IP
+CASE_PREFIX="net rc_pingpong "
+RESULT_RE=$RC_RESULT_RE
+run_cases show_rc_rates \
+    "default|ibv_rc_pingpong" \
+    "events|ibv_rc_pingpong -e" \
+    "size1|ibv_rc_pingpong -s 1" \
+    "size4096|ibv_rc_pingpong -s 4096" \
+    "size65536|ibv_rc_pingpong -s 65536 -n 500" \
+    "size1048576|ibv_rc_pingpong -s 1048576 -n 100" \
+    "events5000|ibv_rc_pingpong -e -n 5000"
 finish
