@@ -102,7 +102,10 @@ struct tcp_conn {
 	int fd;
 	_Atomic int state;
 	bool crc;
-	bool closing; /* under rx_lock: the QP let go */
+	/* The QP lets go: set before taking rx_lock, so that a receive path
+	 * blocked sending a response to a peer that does not read gives up
+	 * (tx_all). */
+	_Atomic bool closing;
 	struct urdma_qp *qp;
 	uint32_t local_qpn, peer_qpn;
 	uint64_t since_ns; /* when the current state began */
@@ -422,7 +425,12 @@ static int tx_all(struct tcp_conn *c, struct iovec *iov, int n)
 			if (errno == EAGAIN) {
 				struct pollfd p = { .fd = c->fd, .events = POLLOUT };
 
-				if (atomic_load(&c->dead))
+				/* Give up on a lost stream, or when the QP
+				 * leaves (destroy marks it GONE first). */
+				if (atomic_load(&c->dead) ||
+				    atomic_load(&c->closing) ||
+				    (c->qp && atomic_load(&c->qp->shm->state) >=
+						      URDMA_SQPS_ERR))
 					return -EPIPE;
 				poll(&p, 1, 100);
 				continue;
@@ -1404,12 +1412,11 @@ static void conn_up(struct tcp_conn *c)
 				    &c->w, true);
 	urdma_dbg("tcp: qp %#x <-> qp %#x connected%s", c->local_qpn,
 		  c->peer_qpn, c->crc ? " (CRC)" : "");
-	if (c->rlen) { /* FPDUs that came with the Reply */
-		pthread_mutex_lock(&c->rx_lock);
-		rx_locked(c);
-		pthread_mutex_unlock(&c->rx_lock);
-	}
-	urdma_qp_progress(qp);
+	/* FPDUs that came with the Reply, and WRs waiting for the stream:
+	 * for tcp_maintain and the engine, not under T.lock. */
+	if (c->rlen)
+		atomic_store(&c->unread, true);
+	urdma_progress_kick();
 }
 
 /* Passive side: the QP is ready for this connection.  Under T.lock. */
@@ -1676,8 +1683,8 @@ static void tcp_disconnect(struct urdma_qp *qp)
 	if (l)
 		l->reg[qp->ibqp.qp_num & 0xff].ready = false;
 	if (c) {
+		atomic_store(&c->closing, true);
 		pthread_mutex_lock(&c->rx_lock);
-		c->closing = true;
 		c->qp = NULL;
 		pthread_mutex_unlock(&c->rx_lock);
 		conn_bury(c);
