@@ -6,8 +6,11 @@ ASAN_BUILD ?= build-asan
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_ARGS ?=
 
-.PHONY: all deps configure demo check check-asan bench install clean
+.PHONY: all deps configure demo check check-asan bench install clean fuzz
 
 all: configure
 	cmake --build $(BUILD) -j$(JOBS)
@@ -37,8 +40,22 @@ bench: all
 	@scripts/deps.sh bench
 	bench/bench.sh $(BUILD)
 
+# libFuzzer on the iWARP parser for FUZZ_SECONDS (clang and its compiler-rt,
+# which scripts/deps.sh fuzz installs).  New inputs go to
+# $(FUZZ_BUILD)/corpus, crashes to $(FUZZ_BUILD)/crash-*; the seeds are
+# tests/fuzz/corpus.  `make check` replays the seeds without libFuzzer.
+FUZZ_SRC = tests/fuzz/fuzz_iwarp_parse.c src/transport/tcp/iwarp_parse.c src/transport/tcp/crc32c.c
+fuzz: deps
+	@scripts/deps.sh fuzz
+	@mkdir -p $(FUZZ_BUILD)/corpus
+	clang -g -O1 -fno-omit-frame-pointer -D_GNU_SOURCE -Isrc -Itests/common \
+		-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+		$(FUZZ_SRC) -o $(FUZZ_BUILD)/fuzz_iwarp_parse
+	cd $(FUZZ_BUILD) && ./fuzz_iwarp_parse -max_total_time=$(FUZZ_SECONDS) \
+		-print_final_stats=1 $(FUZZ_ARGS) corpus $(CURDIR)/tests/fuzz/corpus
+
 install: all
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
