@@ -138,6 +138,9 @@ struct tcp_conn {
 	/* failure */
 	_Atomic bool dead;
 	bool dead_handled;
+	/* tcp_maintain's watch on the oldest unconfirmed message */
+	uint32_t watch_head;
+	uint64_t watch_ns;
 };
 
 struct tcp_qp_reg {
@@ -649,7 +652,8 @@ static void qp_error_async(struct tcp_conn *c)
 /* Unconfirmed messages, under ord_lock. */
 static bool unc_alloc(struct tcp_conn *c, struct urdma_qp *qp)
 {
-	c->unc_size = roundup_pow2(2 * qp->sq_size + 2);
+	/* a message and its flush per WR; overdue probes use what is left */
+	c->unc_size = roundup_pow2(2 * qp->sq_size + 16);
 	c->unc = calloc(c->unc_size, sizeof(*c->unc));
 	return c->unc != NULL;
 }
@@ -1844,9 +1848,17 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	int n = 0;
 
 	if (c && atomic_load(&c->dead)) {
+		bool unconfirmed;
+
+		pthread_mutex_lock(&c->ord_lock);
+		unconfirmed = c->unc_head != c->unc_tail;
+		pthread_mutex_unlock(&c->ord_lock);
 		/* Once an error has been reported on this stream the QP is on
-		 * its way to ERR: later WRs are flushed.  Otherwise this WR is
-		 * the first to find the peer gone. */
+		 * its way to ERR: later WRs are flushed.  With messages still
+		 * unconfirmed, tcp_maintain fails the first of them: wait for
+		 * it.  Otherwise this WR is the first to find the peer gone. */
+		if (!c->dead_handled && unconfirmed)
+			return URDMA_TX_WAIT;
 		*status = c->dead_handled ? IBV_WC_WR_FLUSH_ERR :
 					    IBV_WC_RETRY_EXC_ERR;
 		return URDMA_TX_DONE;
@@ -1865,6 +1877,49 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 		tx_send_write(c, qp, w, sp, n);
 	pthread_mutex_unlock(&c->tx_lock);
 	return r;
+}
+
+/*
+ * TCP_USER_TIMEOUT only sees data TCP has not had acknowledged.  When the
+ * oldest unconfirmed message has waited the retry budget with all our bytes
+ * acknowledged (the link went down after they arrived, or the peer is alive
+ * but answers nothing: a Send waiting for a receive, a stopped process),
+ * a zero-length Read goes out as a probe, and again each budget while it
+ * stays stuck: a live peer's TCP acknowledges it and we keep waiting; on a
+ * dead path it stays unacknowledged and the user timeout breaks the stream.
+ * A probe's answer confirms what came before, like any flush.  The 200 ms
+ * maintain tick is fine grained enough.  Under rx_lock.
+ */
+static void conn_probe_overdue(struct tcp_conn *c, struct urdma_qp *qp)
+{
+	uint64_t now = urdma_now_ns(), budget = urdma_qp_retry_ns(qp);
+	struct rdmap_read_req rr = { 0 };
+	uint32_t head, used;
+
+	pthread_mutex_lock(&c->ord_lock);
+	head = c->unc_head;
+	used = c->unc_tail - c->unc_head;
+	pthread_mutex_unlock(&c->ord_lock);
+	if (!budget || !used) {
+		c->watch_ns = 0;
+		return;
+	}
+	if (!c->watch_ns || c->watch_head != head) {
+		c->watch_head = head;
+		c->watch_ns = now;
+		return;
+	}
+	if (now - c->watch_ns < budget || used + 1 >= c->unc_size)
+		return;
+	c->watch_ns = now;
+	pthread_mutex_lock(&c->tx_lock);
+	pthread_mutex_lock(&c->ord_lock);
+	rr.sink_stag = htonl(++c->next_tag);
+	unc_push(c, c->unc[(c->unc_tail - 1) & (c->unc_size - 1)].wr_idx,
+		 K_FLUSH, c->tx_msn[DDP_QN_READ])->tag = c->next_tag;
+	pthread_mutex_unlock(&c->ord_lock);
+	tx_ctrl(c, RDMAP_READ_REQ, DDP_QN_READ, &rr, sizeof(rr));
+	pthread_mutex_unlock(&c->tx_lock);
 }
 
 static bool tcp_maintain(struct urdma_qp *qp)
@@ -1909,6 +1964,7 @@ static bool tcp_maintain(struct urdma_qp *qp)
 		else if (unread || atomic_load(&c->stalled))
 			rx_locked(c);
 		again = atomic_load(&c->unread) || atomic_load(&c->stalled);
+		conn_probe_overdue(c, qp);
 		/* Unconfirmed messages on a lost stream fail at once, the
 		 * first with RETRY_EXC_ERR, as when a NIC's retries run out.
 		 * An idle QP stays as it is, as on InfiniBand: its next WR
