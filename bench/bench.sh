@@ -14,6 +14,10 @@
 # Usage: bench.sh [BUILD_DIR]   (default: <source>/build)
 # Output: the table on stdout and in BUILD_DIR/bench/results.md; raw logs in
 # BUILD_DIR/bench/logs/.
+# Then the TCP rows (bench_tcp below: urdma over TCP next to iperf3, sockperf
+# and UCX over TCP, on loopback and between two network namespaces;
+# BENCH_TCP=0 leaves them out, BENCH_TCP_REPS default 3, BENCH_TCP_BUDGET
+# seconds default 240).
 # Environment: BENCH_REPS (default 5), BENCH_BUDGET seconds (default 240;
 # no new repetition starts after it), BENCH_DEVICE (default urdma0),
 # BENCH_PORT (first TCP port, default 18800).
@@ -81,7 +85,12 @@ fi
 have timeout coreutils || exit 2
 have ss iproute2 || exit 2
 
-port_listening() { ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
+# Command prefixes of pair's server and client (bench_tcp runs them in network
+# namespaces), and whether the server runs until stopped (sockperf).
+PAIR_SRV_PFX=()
+PAIR_CLI_PFX=()
+PAIR_SERVER_STAYS=0
+port_listening() { "${PAIR_SRV_PFX[@]}" ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
 next_port() {
     PORT=$((PORT + 1))
     while port_listening "$PORT"; do PORT=$((PORT + 1)); done
@@ -91,7 +100,8 @@ next_port() {
 #   Runs server (pinned to CPU 1) then, once $PORT listens, the client
 #   (pinned to CPU 0), both under `timeout`.  ENV is a space-separated list
 #   of VAR=value for both sides.  Leaves the client log in $PAIR_LOG and
-#   returns 0 if both sides exited 0.
+#   returns 0 if both sides exited 0 (the client alone if PAIR_SERVER_STAYS=1:
+#   then the server is stopped once the client is done).
 pair() {
     local tag=$1 t=$2 envs=$3
     shift 3
@@ -103,7 +113,7 @@ pair() {
     local slog=$LOGS/$tag.server.log spid crc src i=0
     PAIR_LOG=$LOGS/$tag.client.log
     printf 'server: %s\nclient: %s\n' "${srv[*]}" "${cli[*]}" >"$LOGS/$tag.cmd"
-    env "${envv[@]}" timeout -k 2 "$t" "${PIN_SRV[@]}" "${srv[@]}" >"$slog" 2>&1 &
+    "${PAIR_SRV_PFX[@]}" env "${envv[@]}" timeout -k 2 "$t" "${PIN_SRV[@]}" "${srv[@]}" >"$slog" 2>&1 &
     spid=$!
     BG_PIDS+=("$spid")
     while ! port_listening "$PORT"; do
@@ -116,15 +126,21 @@ pair() {
         sleep 0.05
         i=$((i + 1))
     done
-    env "${envv[@]}" timeout -k 2 "$t" "${PIN_CLI[@]}" "${cli[@]}" >"$PAIR_LOG" 2>&1
+    "${PAIR_CLI_PFX[@]}" env "${envv[@]}" timeout -k 2 "$t" "${PIN_CLI[@]}" "${cli[@]}" >"$PAIR_LOG" 2>&1
     crc=$?
-    if [ "$crc" -ne 0 ]; then
-        i=0
-        while kill -0 "$spid" 2>/dev/null && [ "$i" -lt 40 ]; do sleep 0.05; i=$((i + 1)); done
+    if [ "$PAIR_SERVER_STAYS" = 1 ]; then
         kill -TERM "$spid" 2>/dev/null
+        wait "$spid"
+        src=0
+    else
+        if [ "$crc" -ne 0 ]; then
+            i=0
+            while kill -0 "$spid" 2>/dev/null && [ "$i" -lt 40 ]; do sleep 0.05; i=$((i + 1)); done
+            kill -TERM "$spid" 2>/dev/null
+        fi
+        wait "$spid"
+        src=$?
     fi
-    wait "$spid"
-    src=$?
     printf 'exit status: server %s, client %s\n' "$src" "$crc" >>"$LOGS/$tag.cmd"
     [ "$crc" -eq 0 ] && [ "$src" -eq 0 ]
 }
@@ -326,5 +342,181 @@ row() {  # metric urdma peer-name peer goal-op goal-limit goal-text
     done
     echo "Total time: $((SECONDS - START)) s."
 } | tee "$RESULTS"
+
+# --- urdma over TCP (issue #3) -----------------------------------------------
+# bench_tcp: urdma with URDMA_TRANSPORT=tcp next to kernel TCP, on loopback and
+# (as root) over a veth pair between two network namespaces, BENCH_TCP_REPS
+# times interleaved; appends a table to $RESULTS.  The two urdma sides have
+# their own URDMA_SHM_DIR, as two hosts would: nothing passes through shared
+# memory, and if the TCP transport is missing the urdma figures are n/a.
+#   1 MiB ib_write_bw                  vs iperf3, one stream, 1 MiB writes
+#   8 B ib_send_lat / ib_write_lat     vs sockperf ping-pong (14 B, its minimum),
+#   one-way latency, median              UCX ucp_am_lat 8 B with UCX_TLS=tcp
+
+# shellcheck source-path=SCRIPTDIR source=../tests/net/netns.sh
+. "$HERE/../tests/net/netns.sh"
+
+tcp_path() {  # lo|veth: where pair runs the two sides
+    T_PATH=$1
+    if [ "$1" = lo ]; then
+        PAIR_SRV_PFX=()
+        PAIR_CLI_PFX=()
+        T_IP=127.0.0.1
+        T_SRV_DEV=lo
+        T_CLI_DEV=lo
+    else
+        PAIR_SRV_PFX=(ip netns exec "$NS_A")
+        PAIR_CLI_PFX=(ip netns exec "$NS_B")
+        T_IP=$IP_A
+        T_SRV_DEV=$VETH_A
+        T_CLI_DEV=$VETH_B
+    fi
+    T_SRV=(env URDMA_TRANSPORT=tcp URDMA_SHM_DIR="$OUTDIR/shm-server" "$URDMA" run)
+    T_CLI=(env URDMA_TRANSPORT=tcp URDMA_SHM_DIR="$OUTDIR/shm-client" "$URDMA" run)
+}
+
+tcp_urdma_lat() {  # TEST: t_typical one-way latency in usec, 8 B
+    local t=$1 tag=tcp-$T_PATH.$1.$REP col
+    next_port
+    pair "$tag" 30 "" "${T_SRV[@]}" "$t" -d "$DEV" -p "$PORT" -F -x "${T_GID[$T_PATH.srv]}" -s 8 -n 20000 -- \
+        "${T_CLI[@]}" "$t" -d "$DEV" -p "$PORT" -F -x "${T_GID[$T_PATH.cli]}" -s 8 -n 20000 "$T_IP" || return 1
+    col=$(perftest_col "$PAIR_LOG" t_typical)
+    [ -n "$col" ] || col=5
+    VAL=$(perftest_row "$PAIR_LOG" | awk -v c="$col" '{ print $c }')
+}
+
+tcp_urdma_write_bw() {  # GB/s, 1 MiB ib_write_bw
+    local tag=tcp-$T_PATH.ib_write_bw.$REP
+    next_port
+    pair "$tag" 40 "" "${T_SRV[@]}" ib_write_bw -d "$DEV" -p "$PORT" -F -x "${T_GID[$T_PATH.srv]}" -s 1048576 -n 2000 -- \
+        "${T_CLI[@]}" ib_write_bw -d "$DEV" -p "$PORT" -F -x "${T_GID[$T_PATH.cli]}" -s 1048576 -n 2000 "$T_IP" || return 1
+    VAL=$(perftest_row "$PAIR_LOG" | awk '{ printf "%.3f\n", $4 * 1048576 / 1e9 }')
+}
+
+tcp_iperf3() {  # GB/s, received, one stream
+    local tag=tcp-$T_PATH.iperf3.$REP
+    next_port
+    pair "$tag" 30 "" iperf3 -s -1 -p "$PORT" -- iperf3 -c "$T_IP" -p "$PORT" -l 1M -t 3 -J || return 1
+    VAL=$(awk '/"sum_received"/ { s = 1 } s && /"bits_per_second"/ {
+                   gsub(/[^0-9.e+]/, "", $2); printf "%.3f\n", $2 / 8e9; exit }' "$PAIR_LOG")
+}
+
+tcp_sockperf() {  # usec, p50 one-way (sockperf reports half the round trip)
+    local tag=tcp-$T_PATH.sockperf.$REP
+    next_port
+    PAIR_SERVER_STAYS=1
+    pair "$tag" 30 "" sockperf sr --tcp -i "$T_IP" -p "$PORT" -- \
+        sockperf pp --tcp -i "$T_IP" -p "$PORT" -m 14 -t 3
+    local rc=$?
+    PAIR_SERVER_STAYS=0
+    [ "$rc" -eq 0 ] || return 1
+    VAL=$(awk '/percentile 50.000 =/ { printf "%.3f\n", $NF; exit }' "$PAIR_LOG")
+}
+
+tcp_ucx_lat() {  # usec, p50 one-way, UCX over TCP
+    local tag=tcp-$T_PATH.ucx_am_lat.$REP
+    next_port
+    pair "$tag" 30 "UCX_TLS=tcp" env UCX_NET_DEVICES="$T_SRV_DEV" ucx_perftest -p "$PORT" -- \
+        env UCX_NET_DEVICES="$T_CLI_DEV" ucx_perftest "$T_IP" -p "$PORT" -t ucp_am_lat -s 8 -n 20000 -f || return 1
+    VAL=$(ucx_final "$PAIR_LOG" | awk '{ printf "%.3f\n", $2 }')
+}
+
+declare -A T_GID=() TCP_VALS=() TCP_FAILS=()
+
+tmed() {  # PATH.KEY -> median or n/a
+    # shellcheck disable=SC2086  # word splitting of the value list is wanted
+    median ${TCP_VALS[$1]:-}
+}
+
+tcp_row() {  # path metric urdma peer-name peer
+    printf '| %s | %s | %s | %s | %s | %s |\n' "$1" "$2" "$3" "$4" "$5" "$(ratio "$3" "$5")"
+}
+
+bench_tcp() {
+    local reps=${BENCH_TCP_REPS:-3} budget=${BENCH_TCP_BUDGET:-240} start=$SECONDS
+    local -a paths=(lo) keys=()
+    local p k v note=""
+    have iperf3 iperf3 && keys+=(iperf3)
+    have sockperf sockperf && keys+=(sockperf)
+    have ucx_perftest ucx-utils && keys+=(ucx)
+    if netns_setup; then
+        paths+=(veth)
+        T_GID[veth.srv]=$(netns_gid_index "$NS_A" "$IP_A")
+        T_GID[veth.cli]=$(netns_gid_index "$NS_B" "$IP_B")
+    else
+        note="veth rows n/a: $NETNS_ERROR."
+    fi
+    T_GID[lo.srv]=$(netns_gid_index "" 127.0.0.1)
+    T_GID[lo.cli]=${T_GID[lo.srv]}
+    # Guard: is there a TCP transport at all?  (One short run on loopback.)
+    tcp_path lo
+    next_port
+    if [ "$URDMA_OK" = 1 ] &&
+       pair tcp-probe 15 "" "${T_SRV[@]}" ib_write_lat -d "$DEV" -p "$PORT" -F -x "${T_GID[lo.srv]}" -n 100 -- \
+           "${T_CLI[@]}" ib_write_lat -d "$DEV" -p "$PORT" -F -x "${T_GID[lo.cli]}" -n 100 127.0.0.1; then
+        keys=(write_bw send_lat write_lat "${keys[@]}")
+    else
+        note="${note:+$note }urdma over TCP n/a: the probe failed (see $LOGS/tcp-probe.*)."
+        say "bench: urdma over TCP n/a (see $LOGS/tcp-probe.*)"
+    fi
+    say "bench: TCP rows, $reps repetitions, budget ${budget}s"
+    REP=0
+    while [ "$REP" -lt "$reps" ] && [ $((SECONDS - start)) -lt "$budget" ]; do
+        REP=$((REP + 1))
+        for p in "${paths[@]}"; do
+            tcp_path "$p"
+            for k in "${keys[@]}"; do
+                [ "${TCP_FAILS[$p.$k]:-0}" -ge 2 ] && continue
+                VAL=""
+                case $k in
+                    write_bw) tcp_urdma_write_bw ;;
+                    send_lat) tcp_urdma_lat ib_send_lat ;;
+                    write_lat) tcp_urdma_lat ib_write_lat ;;
+                    iperf3) tcp_iperf3 ;;
+                    sockperf) tcp_sockperf ;;
+                    ucx) tcp_ucx_lat ;;
+                esac
+                v=$VAL
+                if [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+                    TCP_VALS[$p.$k]="${TCP_VALS[$p.$k]:-} $v"
+                    say "bench: tcp rep $REP $p $k = $v"
+                else
+                    TCP_FAILS[$p.$k]=$((${TCP_FAILS[$p.$k]:-0} + 1))
+                    say "bench: tcp rep $REP $p $k failed (see $LOGS/tcp-$p.*.$REP.*)"
+                fi
+            done
+        done
+    done
+    rm -rf "$OUTDIR/shm-server" "$OUTDIR/shm-client"
+    PAIR_SRV_PFX=()
+    PAIR_CLI_PFX=()
+    {
+        echo
+        echo "## urdma over TCP (URDMA_TRANSPORT=tcp) and kernel TCP"
+        echo
+        echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC'), median of up to $REP runs;" \
+             "veth = two network namespaces joined by a veth pair; GB = 1e9 B."
+        echo
+        echo "| path | metric | urdma | peer | peer figure | urdma/peer |"
+        echo "|---|---|---|---|---|---|"
+        for p in "${paths[@]}"; do
+            tcp_row "$p" "1 MiB ib_write_bw, GB/s" "$(tmed "$p.write_bw")" \
+                "iperf3, one stream, 1 MiB writes" "$(tmed "$p.iperf3")"
+            for k in send_lat write_lat; do
+                tcp_row "$p" "8 B ib_${k}, one-way µs (t_typical)" "$(tmed "$p.$k")" \
+                    "sockperf ping-pong 14 B, one-way p50" "$(tmed "$p.sockperf")"
+                tcp_row "$p" "8 B ib_${k}, one-way µs (t_typical)" "$(tmed "$p.$k")" \
+                    "UCX ucp_am_lat 8 B p50, UCX_TLS=tcp" "$(tmed "$p.ucx")"
+            done
+        done
+        echo
+        echo "Latency ratio: lower is better; bandwidth ratio: higher is better.${note:+ $note}"
+        for k in "${!TCP_FAILS[@]}"; do
+            echo "$k: ${TCP_FAILS[$k]} failed run(s); logs in $LOGS."
+        done
+    } | tee -a "$RESULTS"
+}
+
+[ "${BENCH_TCP:-1}" = 1 ] && bench_tcp
 say "bench: results written to $RESULTS"
 exit 0
