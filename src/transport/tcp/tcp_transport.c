@@ -43,6 +43,7 @@
 #include "util/log.h"
 
 #define RBUF_SIZE (256 * 1024)
+#define ZR_MAX 16 /* answers to zero-length Reads held back */
 #define TX_IOV 64
 /* Accepted connections still in their handshake hold an fd and a buffer
  * each: at most this many, for at most this long. */
@@ -129,6 +130,11 @@ struct tcp_conn {
 	/* send side, under tx_lock */
 	uint32_t tx_msn[DDP_NUM_QN];
 	struct tx_seg tx_tail; /* an FPDU to send with the next message's end */
+	/* Answers to zero-length Reads (flushes), held back to go out with
+	 * the next message (zr_take) */
+	uint32_t zr_stag[ZR_MAX];
+	uint64_t zr_to[ZR_MAX];
+	int nzr;
 	unsigned timeout_ms; /* TCP_USER_TIMEOUT set, + 1 (0: never set) */
 	/* outstanding Reads and atomics, unconfirmed messages: ord_lock */
 	struct tcp_ord ord[URDMA_MAX_RD_ATOM];
@@ -498,19 +504,62 @@ static void seg_close(struct tcp_conn *c, struct tx_seg *s, uint32_t crc)
 	memcpy(s->trailer + pad, &v, 4);
 }
 
+static uint32_t put_tagged(uint8_t *h, unsigned op, uint32_t stag,
+			   uint64_t to);
+
+/* Frame the held-back answers to zero-length Reads into seg/iov (2 iovecs
+ * each, before anything else is sent: responses keep their order).
+ * Returns the iovecs used.  Under tx_lock. */
+static int zr_take(struct tcp_conn *c, struct tx_seg *seg, struct iovec *iov)
+{
+	int n = 0;
+
+	for (int i = 0; i < c->nzr; i++) {
+		uint8_t h[sizeof(struct ddp_tagged_hdr)];
+
+		put_tagged(h, RDMAP_READ_RESP, c->zr_stag[i], c->zr_to[i]);
+		seg_close(c, &seg[i], seg_open(c, &seg[i], h, sizeof(h), 0, 0, true));
+		iov[n++] = (struct iovec){ seg[i].hdr, seg[i].hlen };
+		iov[n++] = (struct iovec){ seg[i].trailer, seg[i].tlen };
+	}
+	c->nzr = 0;
+	return n;
+}
+
+/* Send the held-back answers now.  Under tx_lock. */
+static void zr_flush(struct tcp_conn *c)
+{
+	struct tx_seg seg[ZR_MAX];
+	struct iovec iov[2 * ZR_MAX];
+	int n = zr_take(c, seg, iov);
+
+	if (n)
+		tx_all(c, iov, n);
+}
+
+/* The same, taking tx_lock, when there is something to send. */
+static void zr_send(struct tcp_conn *c)
+{
+	if (!__atomic_load_n(&c->nzr, __ATOMIC_RELAXED))
+		return;
+	pthread_mutex_lock(&c->tx_lock);
+	zr_flush(c);
+	pthread_mutex_unlock(&c->tx_lock);
+}
+
 /*
  * Send one message: hdr (DDP+RDMAP header and any opcode header, hlen
  * bytes, ULPDU length not included) then len bytes from spans, cut into
- * segments.  A pending tail (tx_flush_tail) goes out in the same writev.
- * Under tx_lock.
+ * segments.  Held-back Read answers go first and a pending tail
+ * (tx_flush_tail) last, in the same writev.  Under tx_lock.
  */
 static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		  const struct urdma_span *sp, int nsp, uint64_t len)
 {
-	struct tx_seg seg[TX_IOV / 4];
+	struct tx_seg seg[TX_IOV / 4], zseg[ZR_MAX];
 	struct iovec iov[TX_IOV];
 	uint64_t off = 0, soff = 0;
-	int si = 0, niov = 0, nseg = 0, ret;
+	int si = 0, niov = zr_take(c, zseg, iov), nseg = 0, ret;
 
 	do {
 		uint32_t plen = len - off > IWARP_SEG_PAYLOAD ? IWARP_SEG_PAYLOAD :
@@ -1077,9 +1126,20 @@ static int rx_read_req(struct tcp_conn *c, const struct iwarp_msg *m,
 		return RX_ERR;
 	}
 	c->rx_msn[DDP_QN_READ]++;
+	pthread_mutex_lock(&c->tx_lock);
+	if (!rr->size) {
+		/* A flush: its answer waits for our next message, or for the
+		 * end of this receive pass (rx_done), so that the application
+		 * sees the message before we make a system call for it. */
+		if (c->nzr == ZR_MAX)
+			zr_flush(c);
+		c->zr_stag[c->nzr] = rr->sink_stag;
+		c->zr_to[c->nzr++] = rr->sink_to;
+		pthread_mutex_unlock(&c->tx_lock);
+		return RX_OK;
+	}
 	sp = (struct urdma_span){ .va = va, .len = rr->size };
 	put_tagged(h, RDMAP_READ_RESP, rr->sink_stag, rr->sink_to);
-	pthread_mutex_lock(&c->tx_lock);
 	err = tx_msg(c, h, sizeof(h), &sp, 1, rr->size);
 	pthread_mutex_unlock(&c->tx_lock);
 	if (err == -EFAULT) {
@@ -1586,6 +1646,7 @@ static void conn_cb(struct urdma_watcher *w, uint32_t events)
 	else
 		rx_locked(c);
 	pthread_mutex_unlock(&c->rx_lock);
+	zr_send(c); /* nobody waits on this thread */
 }
 
 /* ---- the transport operations ---- */
@@ -1687,6 +1748,7 @@ static void tcp_disconnect(struct urdma_qp *qp)
 	if (l)
 		l->reg[qp->ibqp.qp_num & 0xff].ready = false;
 	if (c) {
+		zr_send(c); /* a peer may wait for these to complete its WRs */
 		atomic_store(&c->closing, true);
 		pthread_mutex_lock(&c->rx_lock);
 		c->qp = NULL;
@@ -1977,6 +2039,7 @@ static bool tcp_maintain(struct urdma_qp *qp)
 		}
 	}
 	pthread_mutex_unlock(&c->rx_lock);
+	zr_send(c);
 	if (fail) /* sq_lock is outer to rx_lock */
 		urdma_qp_set_error(qp, true);
 	return again;
@@ -1990,6 +2053,9 @@ static void tcp_poll(struct urdma_qp *qp)
 		return;
 	atomic_store_explicit(&c->last_poll_ns, urdma_now_ns(),
 			      memory_order_relaxed);
+	/* What the last pass held back: the application has had its
+	 * completions meanwhile (or sent them along with a message). */
+	zr_send(c);
 	if (pthread_mutex_trylock(&c->rx_lock))
 		return;
 	rx_locked(c);
