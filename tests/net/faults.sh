@@ -225,31 +225,33 @@ case_ok() {
     fi
 }
 
-# case_kill: SIGKILL the receiving client while the server sends.
-case_kill() {
-    local name=kill s c slog clog spid cpid why=""
-    budget_left "$name" || return
-    log "== $name: SIGKILL the client while the server WRITEs and SENDs to it"
+# fp_flowing NAME MODE SIDE [CLIENT ARGS...]: a server/client pair in MODE,
+# 0.3 s into its transfer (SIDE, srv or cli, says whose log shows it
+# FLOWING).  Sets s c slog clog spid cpid of the caller (bash's dynamic
+# scope); on failure records it, stops the pair and returns 1.
+fp_flowing() {
+    local name=$1 mode=$2 side=$3 spidf cpidf
+    shift 3
     PORT=$(free_port "$PORT")
-    fp_start srv "$name" server "$PORT" --mode kill "${FP_OPTS[@]}"
-    s=$FP_BG slog=$FP_LOG
-    local spidf=$FP_PIDF
+    fp_start srv "$name" server "$PORT" --mode "$mode" "${FP_OPTS[@]}"
+    s=$FP_BG slog=$FP_LOG spidf=$FP_PIDF
     if ! wait_listen "$PORT" "$s" 15; then
         stop_bg "$s"
         fail "$name" "server did not listen on port $PORT"
         show_log "$slog" "server output"
-        return
+        return 1
     fi
-    fp_start cli "$name" client "$SRV_IP" "$PORT" --mode kill "${FP_OPTS[@]}"
-    c=$FP_BG clog=$FP_LOG
-    local cpidf=$FP_PIDF
+    fp_start cli "$name" client "$SRV_IP" "$PORT" --mode "$mode" "${FP_OPTS[@]}" "$@"
+    c=$FP_BG clog=$FP_LOG cpidf=$FP_PIDF
     PORT=$((PORT + 1))
-    if ! wait_line "$slog" '\] FLOWING' "$s" 20; then
+    local flog=$slog bg=$s
+    [ "$side" = cli ] && flog=$clog bg=$c
+    if ! wait_line "$flog" '\] FLOWING' "$bg" 20; then
         stop_bg "$c" "$s"
         fail "$name" "the transfer never got going"
         show_log "$slog" "server output"
         show_log "$clog" "client output"
-        return
+        return 1
     fi
     sleep 0.3 # mid-transfer
     spid=$(pid_of "$spidf" "$s")
@@ -257,8 +259,16 @@ case_kill() {
     if [ -z "$spid" ] || [ -z "$cpid" ]; then
         stop_bg "$c" "$s"
         fail "$name" "no pid files"
-        return
+        return 1
     fi
+}
+
+# case_kill: SIGKILL the receiving client while the server sends.
+case_kill() {
+    local name=kill s c slog clog spid cpid why=""
+    budget_left "$name" || return
+    log "== $name: SIGKILL the client while the server WRITEs and SENDs to it"
+    fp_flowing "$name" kill srv || return
     # (stderr: no "Killed" line from the shell when it reaps the client)
     {
         kill -USR1 "$spid"
@@ -302,35 +312,7 @@ case_link() {
     if [ "$where" = peer ]; then ns=$NS_A dev=$VETH_A; else ns=$NS_B dev=$VETH_B; fi
     budget_left "$name" || return
     log "== $name: $dev down (in $ns) while the client WRITEs and READs"
-    PORT=$(free_port "$PORT")
-    fp_start srv "$name" server "$PORT" --mode link "${FP_OPTS[@]}"
-    s=$FP_BG slog=$FP_LOG
-    local spidf=$FP_PIDF
-    if ! wait_listen "$PORT" "$s" 15; then
-        stop_bg "$s"
-        fail "$name" "server did not listen on port $PORT"
-        show_log "$slog" "server output"
-        return
-    fi
-    fp_start cli "$name" client "$SRV_IP" "$PORT" --mode link "${FP_OPTS[@]}" "$@"
-    c=$FP_BG clog=$FP_LOG
-    local cpidf=$FP_PIDF
-    PORT=$((PORT + 1))
-    if ! wait_line "$clog" '\] FLOWING' "$c" 20; then
-        stop_bg "$c" "$s"
-        fail "$name" "the transfer never got going"
-        show_log "$slog" "server output"
-        show_log "$clog" "client output"
-        return
-    fi
-    sleep 0.3
-    spid=$(pid_of "$spidf" "$s")
-    cpid=$(pid_of "$cpidf" "$c")
-    if [ -z "$spid" ] || [ -z "$cpid" ]; then
-        stop_bg "$c" "$s"
-        fail "$name" "no pid files"
-        return
-    fi
+    fp_flowing "$name" link cli "$@" || return
     if [ "${LINK_STOP_SERVER:-0}" = 1 ]; then
         # The server's process (its responder) stops: its kernel still
         # acknowledges the client's requests, the responses wait.
