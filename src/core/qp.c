@@ -152,6 +152,8 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	pthread_mutex_unlock(&scq->lock);
 	pthread_mutex_lock(&rcq->lock);
 	list_add_tail(&qp->rcq_node, &rcq->recv_qps);
+	/* A CQ armed before this QP existed is armed for it too. */
+	atomic_store(&qp->shm->notify, rcq->armed);
 	pthread_mutex_unlock(&rcq->lock);
 	atomic_fetch_add(&scq->usecnt, 1);
 	atomic_fetch_add(&rcq->usecnt, 1);

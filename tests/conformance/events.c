@@ -370,6 +370,45 @@ static void event_storm(struct t_peer *p, bool starter)
 	side_close(&s);
 }
 
+/* ---- A CQ armed before its QP exists (rping does this) ---- */
+
+static void armed_before_qp_receiver(struct t_peer *p, void *arg)
+{
+	struct t_opts o = t_opts_default();
+	struct side s;
+
+	o.use_channel = true;
+	o.create_qp = false;
+	t_res_open(&s.r, &o);
+	REQUIRE(ibv_req_notify_cq(s.r.recv_cq, 0) == 0, "ibv_req_notify_cq");
+	struct ibv_qp_init_attr ia = {
+		.send_cq = s.r.send_cq,
+		.recv_cq = s.r.recv_cq,
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
+			 .max_recv_sge = 1 },
+	};
+	s.r.qp = ibv_create_qp(s.r.pd, &ia);
+	REQUIRE(s.r.qp, "ibv_create_qp: %s", strerror(errno));
+	s.r.cap = ia.cap;
+	s.buf = t_alloc(65536);
+	s.mr = t_reg(&s.r, s.buf, 65536, IBV_ACCESS_LOCAL_WRITE);
+	t_connect_pair(p, &s.r, s.mr, NULL);
+	REQUIRE(t_post_recv(s.r.qp, 7, s.buf, 64, s.mr->lkey) == 0, "ibv_post_recv");
+	ask(p, 0);
+	CHECK(t_fd_readable(s.r.channel->fd, T_WAIT_MS),
+	      "no event within %d ms for a receive on a QP created after its CQ was armed",
+	      T_WAIT_MS);
+	struct ibv_cq *cq = NULL;
+	void *ctx = NULL;
+	if (ibv_get_cq_event(s.r.channel, &cq, &ctx) == 0)
+		ibv_ack_cq_events(cq, 1);
+	t_expect_wc(s.r.recv_cq, NULL, 7, IBV_WC_SUCCESS, IBV_WC_RECV, "the receive");
+	t_send_u64(p, 0);
+	t_barrier(p);
+	side_close(&s);
+}
+
 static void storm_starter(struct t_peer *p, void *arg) { event_storm(p, true); }
 static void storm_responder(struct t_peer *p, void *arg) { event_storm(p, false); }
 
@@ -380,6 +419,7 @@ int main(int argc, char **argv)
 	t_pair("receiver_sleeps_in_get_cq_event", sender, sleeping_receiver, NULL);
 	t_pair("solicited_only", sender, solicited_receiver, NULL);
 	t_pair("nonblocking_channel_fd", sender, nonblocking_receiver, NULL);
+	t_pair("cq_armed_before_qp_created", sender, armed_before_qp_receiver, NULL);
 	t_case("error_completion_wakes_solicited_only", error_completion_event, NULL);
 	t_case("two_cqs_one_channel", two_cqs_one_channel, NULL);
 	t_pair("event_driven_pingpong_loses_no_wakeup", storm_starter, storm_responder, NULL);
