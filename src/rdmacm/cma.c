@@ -704,7 +704,9 @@ static int cma_socket(struct cma_id *cid, int family)
 	cid->fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (cid->fd < 0)
 		return -1;
-	/* No TIME_WAIT hold-up when a server restarts on its port. */
+	/* A server restarts on its port although connections of its last
+	 * run are in TIME_WAIT.  (So two ids may both bind a port that
+	 * neither listens on; a listener's port is exclusive.) */
 	setsockopt(cid->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	setsockopt(cid->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	if (family == AF_INET6 && cid->afonly)

@@ -1,0 +1,653 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Conformance of the connection manager (<rdma/rdma_cma.h>, rdma_cm(7)):
+ * address resolution, listen/connect/accept with private data, reject,
+ * unreachable, disconnect on both sides, QP states driven by the CM, event
+ * channels (blocking and O_NONBLOCK), synchronous endpoints with the
+ * <rdma/rdma_verbs.h> helpers, rdma_migrate_id, bad arguments, a peer killed,
+ * and 1,000 connect/disconnect cycles that leak neither fds nor memory.
+ * Linked against urdma's librdmacm.so.1 and libibverbs.so.1; the client and
+ * the server are ids of one process unless a case says otherwise.
+ */
+#include "harness.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char *addr_str(void)
+{
+	const char *a = getenv("CM_TEST_ADDR");
+
+	return a && *a ? a : "127.0.0.1";
+}
+
+static struct sockaddr_in test_addr(uint16_t port)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(port) };
+
+	REQUIRE(inet_pton(AF_INET, addr_str(), &sin.sin_addr) == 1, "address %s", addr_str());
+	return sin;
+}
+
+/* The next event on ch, which must be `want` (bounded wait). */
+static struct rdma_cm_event *expect_event(struct rdma_event_channel *ch,
+					  enum rdma_cm_event_type want, int ms)
+{
+	struct rdma_cm_event *ev = NULL;
+
+	if (!CHECK(t_fd_readable(ch->fd, ms), "no event within %d ms (wanted %s)", ms,
+		   rdma_event_str(want)))
+		return NULL;
+	REQUIRE(rdma_get_cm_event(ch, &ev) == 0, "rdma_get_cm_event: %s", strerror(errno));
+	if (!CHECK(ev->event == want, "got %s (status %d), wanted %s", rdma_event_str(ev->event),
+		   ev->status, rdma_event_str(want))) {
+		rdma_ack_cm_event(ev);
+		return NULL;
+	}
+	return ev;
+}
+
+static void expect_ack(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
+{
+	struct rdma_cm_event *ev = expect_event(ch, want, T_WAIT_MS);
+
+	if (ev)
+		rdma_ack_cm_event(ev);
+}
+
+/* One side of a connection: its id, verbs objects and a buffer. */
+struct end {
+	struct rdma_event_channel *ch;
+	struct rdma_cm_id *id;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_mr *mr;
+	char buf[4096];
+};
+
+static void end_qp(struct end *e, struct rdma_cm_id *id)
+{
+	struct ibv_qp_init_attr a = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
+			 .max_recv_sge = 1 },
+	};
+
+	REQUIRE(id->verbs, "the id has no device");
+	e->pd = ibv_alloc_pd(id->verbs);
+	e->cq = ibv_create_cq(id->verbs, 64, NULL, NULL, 0);
+	REQUIRE(e->pd && e->cq, "pd/cq: %s", strerror(errno));
+	a.send_cq = a.recv_cq = e->cq;
+	REQUIRE(rdma_create_qp(id, e->pd, &a) == 0, "rdma_create_qp: %s", strerror(errno));
+	CHECK(id->qp && id->pd == e->pd, "rdma_create_qp did not fill id->qp/id->pd");
+	CHECK(t_qp_state(id->qp) == IBV_QPS_INIT, "QP after rdma_create_qp: %s, wanted INIT",
+	      t_qp_state_str(t_qp_state(id->qp)));
+	e->mr = ibv_reg_mr(e->pd, e->buf, sizeof(e->buf),
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+	REQUIRE(e->mr, "ibv_reg_mr: %s", strerror(errno));
+}
+
+static void end_free(struct end *e)
+{
+	if (e->id && e->id->qp)
+		rdma_destroy_qp(e->id);
+	if (e->mr)
+		ibv_dereg_mr(e->mr);
+	if (e->cq)
+		ibv_destroy_cq(e->cq);
+	if (e->pd)
+		ibv_dealloc_pd(e->pd);
+	if (e->id)
+		CHECK(rdma_destroy_id(e->id) == 0, "rdma_destroy_id: %s", strerror(errno));
+	if (e->ch)
+		rdma_destroy_event_channel(e->ch);
+	memset(e, 0, sizeof(*e));
+}
+
+/* A listener on the test address, port 0; returns its port (host order). */
+static uint16_t listen_on(struct end *l)
+{
+	struct sockaddr_in sin = test_addr(0);
+
+	l->ch = rdma_create_event_channel();
+	REQUIRE(l->ch, "rdma_create_event_channel: %s", strerror(errno));
+	REQUIRE(rdma_create_id(l->ch, &l->id, NULL, RDMA_PS_TCP) == 0, "rdma_create_id");
+	REQUIRE(rdma_bind_addr(l->id, (struct sockaddr *)&sin) == 0, "rdma_bind_addr: %s",
+		strerror(errno));
+	REQUIRE(rdma_listen(l->id, 8) == 0, "rdma_listen: %s", strerror(errno));
+	return ntohs(rdma_get_src_port(l->id));
+}
+
+/* The client up to ROUTE_RESOLVED, with a QP. */
+static void client_resolve(struct end *c, uint16_t port)
+{
+	struct sockaddr_in dst = test_addr(port);
+
+	c->ch = rdma_create_event_channel();
+	REQUIRE(c->ch, "rdma_create_event_channel");
+	REQUIRE(rdma_create_id(c->ch, &c->id, c, RDMA_PS_TCP) == 0, "rdma_create_id");
+	REQUIRE(rdma_resolve_addr(c->id, NULL, (struct sockaddr *)&dst, 2000) == 0,
+		"rdma_resolve_addr: %s", strerror(errno));
+	expect_ack(c->ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+	CHECK(c->id->verbs != NULL, "no id->verbs after ADDR_RESOLVED");
+	CHECK(c->id->port_num == 1, "id->port_num %u", c->id->port_num);
+	REQUIRE(rdma_resolve_route(c->id, 2000) == 0, "rdma_resolve_route: %s", strerror(errno));
+	expect_ack(c->ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+	end_qp(c, c->id);
+}
+
+/* Connect c to the listener l; the accepted child goes to s.  Private data
+ * both ways. */
+static void connect_pair(struct end *l, struct end *c, struct end *s)
+{
+	struct rdma_conn_param cp = { .private_data = "hello", .private_data_len = 6,
+				      .responder_resources = 1, .initiator_depth = 1,
+				      .retry_count = 7, .rnr_retry_count = 7 };
+	struct rdma_cm_event *ev;
+
+	REQUIRE(rdma_connect(c->id, &cp) == 0, "rdma_connect: %s", strerror(errno));
+	ev = expect_event(l->ch, RDMA_CM_EVENT_CONNECT_REQUEST, T_WAIT_MS);
+	REQUIRE(ev, "no CONNECT_REQUEST");
+	CHECK(ev->listen_id == l->id, "listen_id %p, wanted %p", (void *)ev->listen_id,
+	      (void *)l->id);
+	CHECK(ev->id != l->id && ev->id->verbs, "the request's id is new and has a device");
+	CHECK(ev->param.conn.private_data_len >= 6 &&
+	      !memcmp(ev->param.conn.private_data, "hello", 6), "REQ private data lost");
+	CHECK(ev->param.conn.initiator_depth == 1 && ev->param.conn.responder_resources == 1,
+	      "REQ depth %u resources %u", ev->param.conn.initiator_depth,
+	      ev->param.conn.responder_resources);
+	s->id = ev->id;
+	rdma_ack_cm_event(ev);
+	end_qp(s, s->id);
+	REQUIRE(rdma_post_recv(s->id, NULL, s->buf, 64, s->mr) == 0, "post_recv");
+	cp.private_data = "world";
+	REQUIRE(rdma_accept(s->id, &cp) == 0, "rdma_accept: %s", strerror(errno));
+	ev = expect_event(c->ch, RDMA_CM_EVENT_ESTABLISHED, T_WAIT_MS);
+	REQUIRE(ev, "no ESTABLISHED at the client");
+	CHECK(ev->param.conn.private_data_len >= 6 &&
+	      !memcmp(ev->param.conn.private_data, "world", 6), "REP private data lost");
+	rdma_ack_cm_event(ev);
+	expect_ack(l->ch, RDMA_CM_EVENT_ESTABLISHED);
+	CHECK(t_qp_state(c->id->qp) == IBV_QPS_RTS && t_qp_state(s->id->qp) == IBV_QPS_RTS,
+	      "QPs after ESTABLISHED: client %s, server %s",
+	      t_qp_state_str(t_qp_state(c->id->qp)), t_qp_state_str(t_qp_state(s->id->qp)));
+}
+
+static void send_and_check(struct end *from, struct end *to)
+{
+	struct ibv_wc wc;
+
+	strcpy(from->buf, "ping over rdma_cm");
+	REQUIRE(rdma_post_send(from->id, NULL, from->buf, 18, from->mr, IBV_SEND_SIGNALED) == 0,
+		"rdma_post_send");
+	t_expect_wc(from->cq, &wc, 0, IBV_WC_SUCCESS, IBV_WC_SEND, "send");
+	t_expect_wc(to->cq, &wc, 0, IBV_WC_SUCCESS, IBV_WC_RECV, "receive");
+	CHECK(!strcmp(to->buf, "ping over rdma_cm"), "received '%.18s'", to->buf);
+}
+
+/* ---- cases -------------------------------------------------------------- */
+
+static void addrinfo(void *arg)
+{
+	struct rdma_addrinfo hints = { .ai_flags = RAI_PASSIVE, .ai_port_space = RDMA_PS_TCP };
+	struct rdma_addrinfo *res = NULL;
+
+	REQUIRE(rdma_getaddrinfo(NULL, "7471", &hints, &res) == 0, "passive getaddrinfo");
+	CHECK(res->ai_src_addr && !res->ai_dst_addr, "passive: a source, no destination");
+	CHECK(res->ai_qp_type == IBV_QPT_RC && res->ai_port_space == RDMA_PS_TCP,
+	      "qp_type %d ps %#x", res->ai_qp_type, res->ai_port_space);
+	CHECK(ntohs(((struct sockaddr_in *)res->ai_src_addr)->sin_port) == 7471, "port");
+	rdma_freeaddrinfo(res);
+	hints.ai_flags = 0;
+	REQUIRE(rdma_getaddrinfo(addr_str(), "7471", &hints, &res) == 0, "active getaddrinfo");
+	CHECK(res->ai_dst_addr && res->ai_dst_len == sizeof(struct sockaddr_in), "destination");
+	rdma_freeaddrinfo(res);
+	hints.ai_port_space = RDMA_PS_UDP;
+	REQUIRE(rdma_getaddrinfo(addr_str(), "7174", &hints, &res) == 0, "UDP getaddrinfo");
+	CHECK(res->ai_qp_type == IBV_QPT_UD, "PS_UDP gives UD, got %d", res->ai_qp_type);
+	rdma_freeaddrinfo(res);
+	hints.ai_flags = RAI_NUMERICHOST;
+	CHECK(rdma_getaddrinfo("no.such.host.invalid", "1", &hints, &res) != 0,
+	      "a name with RAI_NUMERICHOST resolved");
+}
+
+static void bind_and_ports(void *arg)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *a, *b, *w;
+	struct sockaddr_in sin = test_addr(0), any = { .sin_family = AF_INET };
+
+	REQUIRE(ch, "channel");
+	REQUIRE(rdma_create_id(ch, &a, NULL, RDMA_PS_TCP) == 0, "create a");
+	REQUIRE(rdma_create_id(ch, &b, NULL, RDMA_PS_TCP) == 0, "create b");
+	REQUIRE(rdma_create_id(ch, &w, NULL, RDMA_PS_TCP) == 0, "create w");
+	CHECK(rdma_bind_addr(a, (struct sockaddr *)&sin) == 0, "bind port 0: %s", strerror(errno));
+	CHECK(rdma_get_src_port(a) != 0, "port 0 gave no ephemeral port");
+	CHECK(a->verbs != NULL, "bound to a local address: no device");
+	sin.sin_port = rdma_get_src_port(a);
+	CHECK(rdma_listen(a, 1) == 0, "listen: %s", strerror(errno));
+	errno = 0;
+	CHECK(rdma_bind_addr(b, (struct sockaddr *)&sin) == -1 && errno == EADDRINUSE,
+	      "bind to a listener's port: errno %d, wanted EADDRINUSE", errno);
+	CHECK(rdma_bind_addr(w, (struct sockaddr *)&any) == 0, "wildcard bind");
+	CHECK(w->verbs == NULL, "a wildcard bind picked a device");
+	CHECK(rdma_destroy_id(a) == 0 && rdma_destroy_id(b) == 0 && rdma_destroy_id(w) == 0,
+	      "destroy");
+	rdma_destroy_event_channel(ch);
+}
+
+static void connect_send_disconnect(void *arg)
+{
+	struct end l = { 0 }, c = { 0 }, s = { 0 };
+	struct ibv_wc wc;
+	uint16_t port = listen_on(&l);
+
+	client_resolve(&c, port);
+	connect_pair(&l, &c, &s);
+	CHECK(rdma_get_dst_port(c.id) == htons(port), "client's dst port");
+	CHECK(rdma_get_src_port(s.id) == htons(port), "server child's src port");
+	CHECK(rdma_get_local_addr(c.id)->sa_family == AF_INET &&
+	      rdma_get_peer_addr(s.id)->sa_family == AF_INET, "route addresses");
+	send_and_check(&c, &s);
+	/* A receive left posted is flushed when the connection ends. */
+	REQUIRE(rdma_post_recv(s.id, (void *)7, s.buf, 64, s.mr) == 0, "post_recv");
+	CHECK(rdma_disconnect(c.id) == 0, "rdma_disconnect: %s", strerror(errno));
+	expect_ack(c.ch, RDMA_CM_EVENT_DISCONNECTED);
+	expect_ack(l.ch, RDMA_CM_EVENT_DISCONNECTED);
+	CHECK(t_qp_state(s.id->qp) == IBV_QPS_ERR, "server QP after DISCONNECTED: %s",
+	      t_qp_state_str(t_qp_state(s.id->qp)));
+	t_expect_wc(s.cq, &wc, 7, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, "flushed receive");
+	/* The side that was told may disconnect too: no second event. */
+	CHECK(rdma_disconnect(s.id) == 0, "rdma_disconnect after DISCONNECTED: %s",
+	      strerror(errno));
+	CHECK(!t_fd_readable(l.ch->fd, 100) && !t_fd_readable(c.ch->fd, 100),
+	      "a second DISCONNECTED");
+	end_free(&s);
+	s.ch = NULL;
+	end_free(&c);
+	end_free(&l);
+}
+
+static void reject_with_private_data(void *arg)
+{
+	struct end l = { 0 }, c = { 0 };
+	struct rdma_conn_param cp = { .private_data = "may I", .private_data_len = 6,
+				      .retry_count = 7, .rnr_retry_count = 7 };
+	struct rdma_cm_event *ev;
+
+	client_resolve(&c, listen_on(&l));
+	REQUIRE(rdma_connect(c.id, &cp) == 0, "rdma_connect");
+	ev = expect_event(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST, T_WAIT_MS);
+	REQUIRE(ev, "no request");
+	struct rdma_cm_id *child = ev->id;
+	rdma_ack_cm_event(ev);
+	CHECK(rdma_reject(child, "no", 3) == 0, "rdma_reject: %s", strerror(errno));
+	ev = expect_event(c.ch, RDMA_CM_EVENT_REJECTED, T_WAIT_MS);
+	if (ev) {
+		CHECK(ev->status == 28, "REJECTED status %d, wanted 28 (consumer reject)",
+		      ev->status);
+		CHECK(ev->param.conn.private_data_len >= 3 &&
+		      !memcmp(ev->param.conn.private_data, "no", 3), "REJ private data lost");
+		rdma_ack_cm_event(ev);
+	}
+	CHECK(rdma_accept(child, NULL) == -1 && errno == EINVAL, "accept after reject");
+	rdma_destroy_id(child);
+	end_free(&c);
+	end_free(&l);
+}
+
+static void unreachable(void *arg)
+{
+	struct end l = { 0 }, c = { 0 };
+	struct rdma_conn_param cp = { .retry_count = 7 };
+	uint16_t port = listen_on(&l);
+	struct rdma_cm_event *ev;
+	uint64_t t0;
+
+	end_free(&l); /* the port is free again: nobody listens there */
+	client_resolve(&c, port);
+	t0 = t_now_ms();
+	REQUIRE(rdma_connect(c.id, &cp) == 0, "rdma_connect");
+	ev = expect_event(c.ch, RDMA_CM_EVENT_UNREACHABLE, 5000);
+	if (ev) {
+		CHECK(ev->status == -ECONNREFUSED, "status %d, wanted -ECONNREFUSED", ev->status);
+		rdma_ack_cm_event(ev);
+	}
+	CHECK(t_now_ms() - t0 < 2000, "UNREACHABLE took %llu ms",
+	      (unsigned long long)(t_now_ms() - t0));
+	end_free(&c);
+}
+
+static void nonblocking_channel(void *arg)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *id;
+	struct rdma_cm_event *ev;
+	struct sockaddr_in dst = test_addr(9);
+	int fl = fcntl(ch->fd, F_GETFL);
+
+	REQUIRE(fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) == 0, "O_NONBLOCK");
+	REQUIRE(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0, "create");
+	errno = 0;
+	CHECK(rdma_get_cm_event(ch, &ev) == -1 && errno == EAGAIN,
+	      "empty non-blocking channel: errno %d, wanted EAGAIN", errno);
+	CHECK(!t_fd_readable(ch->fd, 0), "empty channel polls readable");
+	REQUIRE(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000) == 0, "resolve");
+	CHECK(t_fd_readable(ch->fd, 1000), "an event is queued but the fd is not readable");
+	CHECK(rdma_get_cm_event(ch, &ev) == 0 && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED,
+	      "non-blocking get");
+	rdma_ack_cm_event(ev);
+	CHECK(!t_fd_readable(ch->fd, 0), "drained channel polls readable");
+	rdma_destroy_id(id);
+	rdma_destroy_event_channel(ch);
+}
+
+/* rdma_create_ep / rdma_get_request / the inline helpers, both sides
+ * synchronous; the server in a thread. */
+struct ep_server {
+	struct rdma_addrinfo *res;
+	struct rdma_cm_id *listen;
+	int ok;
+};
+
+static void *ep_server_main(void *arg)
+{
+	struct ep_server *sv = arg;
+	struct rdma_cm_id *id;
+	struct ibv_mr *mr;
+	struct ibv_wc wc;
+	char buf[64];
+
+	if (rdma_get_request(sv->listen, &id))
+		return NULL;
+	mr = rdma_reg_msgs(id, buf, sizeof(buf));
+	if (!mr || !id->qp || !id->recv_cq_channel || !id->send_cq || !id->pd)
+		return NULL;
+	if (rdma_post_recv(id, NULL, buf, sizeof(buf), mr) || rdma_accept(id, NULL))
+		return NULL;
+	if (rdma_get_recv_comp(id, &wc) != 1 || wc.status != IBV_WC_SUCCESS)
+		return NULL;
+	if (rdma_post_send(id, NULL, buf, wc.byte_len, mr, IBV_SEND_SIGNALED) ||
+	    rdma_get_send_comp(id, &wc) != 1 || wc.status != IBV_WC_SUCCESS)
+		return NULL;
+	sv->ok = !strcmp(buf, "echo me");
+	rdma_disconnect(id);
+	rdma_dereg_mr(mr);
+	rdma_destroy_ep(id);
+	return NULL;
+}
+
+static void sync_endpoints(void *arg)
+{
+	struct rdma_addrinfo hints = { .ai_flags = RAI_PASSIVE, .ai_port_space = RDMA_PS_TCP },
+			     *res;
+	struct ibv_qp_init_attr qa = { .cap = { .max_send_wr = 4, .max_recv_wr = 4,
+						.max_send_sge = 1, .max_recv_sge = 1 },
+				       .sq_sig_all = 0 };
+	struct ep_server sv = { 0 };
+	struct rdma_cm_id *id;
+	struct ibv_mr *mr;
+	struct ibv_wc wc;
+	pthread_t t;
+	char buf[64] = "echo me", port[16];
+
+	REQUIRE(rdma_getaddrinfo(addr_str(), "0", &hints, &res) == 0, "getaddrinfo");
+	REQUIRE(rdma_create_ep(&sv.listen, res, NULL, &qa) == 0, "passive rdma_create_ep: %s",
+		strerror(errno));
+	rdma_freeaddrinfo(res);
+	REQUIRE(rdma_listen(sv.listen, 1) == 0, "listen");
+	snprintf(port, sizeof(port), "%u", ntohs(rdma_get_src_port(sv.listen)));
+	REQUIRE(pthread_create(&t, NULL, ep_server_main, &sv) == 0, "thread");
+	hints.ai_flags = 0;
+	REQUIRE(rdma_getaddrinfo(addr_str(), port, &hints, &res) == 0, "getaddrinfo");
+	REQUIRE(rdma_create_ep(&id, res, NULL, &qa) == 0, "active rdma_create_ep: %s",
+		strerror(errno));
+	rdma_freeaddrinfo(res);
+	CHECK(id->qp && id->send_cq && id->recv_cq && id->send_cq_channel && id->pd,
+	      "rdma_create_ep left qp/cqs/channels/pd unset");
+	mr = rdma_reg_msgs(id, buf, sizeof(buf));
+	REQUIRE(mr, "rdma_reg_msgs");
+	REQUIRE(rdma_post_recv(id, NULL, buf + 32, 32, mr) == 0, "post_recv");
+	REQUIRE(rdma_connect(id, NULL) == 0, "synchronous rdma_connect: %s", strerror(errno));
+	REQUIRE(rdma_post_send(id, NULL, buf, 8, mr, IBV_SEND_SIGNALED) == 0, "post_send");
+	CHECK(rdma_get_send_comp(id, &wc) == 1 && wc.status == IBV_WC_SUCCESS, "send comp");
+	CHECK(rdma_get_recv_comp(id, &wc) == 1 && wc.status == IBV_WC_SUCCESS, "recv comp");
+	CHECK(!strcmp(buf + 32, "echo me"), "echo: '%s'", buf + 32);
+	pthread_join(t, NULL);
+	CHECK(sv.ok, "the synchronous server failed");
+	rdma_disconnect(id);
+	rdma_dereg_mr(mr);
+	rdma_destroy_ep(id);
+	rdma_destroy_ep(sv.listen);
+}
+
+static void migrate(void *arg)
+{
+	struct end l = { 0 }, c = { 0 }, s = { 0 };
+	struct rdma_event_channel *other = rdma_create_event_channel();
+
+	REQUIRE(other, "channel");
+	client_resolve(&c, listen_on(&l));
+	connect_pair(&l, &c, &s);
+	CHECK(rdma_migrate_id(s.id, other) == 0, "rdma_migrate_id: %s", strerror(errno));
+	CHECK(s.id->channel == other, "id->channel not updated");
+	rdma_disconnect(c.id);
+	expect_ack(c.ch, RDMA_CM_EVENT_DISCONNECTED);
+	expect_ack(other, RDMA_CM_EVENT_DISCONNECTED);
+	CHECK(!t_fd_readable(l.ch->fd, 100), "an event still went to the old channel");
+	end_free(&s);
+	rdma_destroy_event_channel(other);
+	end_free(&c);
+	end_free(&l);
+}
+
+static void bad_arguments(void *arg)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *id;
+	struct rdma_conn_param cp = { .private_data_len = 255, .private_data = "" };
+	struct sockaddr sa_ib = { .sa_family = AF_IB };
+	struct sockaddr_in dst = test_addr(9);
+	uint8_t tos = 0;
+
+#define EXPECT_ERRNO(call, e) \
+	do { errno = 0; CHECK((call) == -1 && errno == (e), #call ": errno %d, wanted " #e, errno); } while (0)
+	REQUIRE(ch, "channel");
+	EXPECT_ERRNO(rdma_create_id(ch, &id, NULL, RDMA_PS_UDP), EOPNOTSUPP);
+	EXPECT_ERRNO(rdma_create_id(ch, &id, NULL, (enum rdma_port_space)0x7777), EINVAL);
+	REQUIRE(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0, "create");
+	EXPECT_ERRNO(rdma_connect(id, NULL), EINVAL);
+	EXPECT_ERRNO(rdma_accept(id, NULL), EINVAL);
+	EXPECT_ERRNO(rdma_reject(id, NULL, 0), EINVAL);
+	EXPECT_ERRNO(rdma_disconnect(id), EINVAL);
+	EXPECT_ERRNO(rdma_resolve_route(id, 100), EINVAL);
+	EXPECT_ERRNO(rdma_bind_addr(id, &sa_ib), EAFNOSUPPORT);
+	EXPECT_ERRNO(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, 4), EINVAL);
+	EXPECT_ERRNO(rdma_set_option(id, RDMA_OPTION_ID, 99, &tos, 1), ENOPROTOOPT);
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, 1) == 0, "TOS");
+	EXPECT_ERRNO(rdma_join_multicast(id, (struct sockaddr *)&dst, NULL), EOPNOTSUPP);
+	REQUIRE(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 100) == 0, "resolve");
+	expect_ack(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+	EXPECT_ERRNO(rdma_connect(id, &cp), EINVAL); /* private data too long */
+	struct ibv_qp_attr qa = { .qp_state = IBV_QPS_RTR };
+	int mask;
+	EXPECT_ERRNO(rdma_init_qp_attr(id, &qa, &mask), EINVAL); /* no peer yet */
+	qa.qp_state = IBV_QPS_INIT;
+	CHECK(rdma_init_qp_attr(id, &qa, &mask) == 0 && qa.port_num == 1, "INIT attributes");
+	rdma_destroy_id(id);
+	rdma_destroy_event_channel(ch);
+#undef EXPECT_ERRNO
+}
+
+/* The client process dies with SIGKILL: the server sees DISCONNECTED and its
+ * posted receive flushes. */
+static void peer_killed(void *arg)
+{
+	struct end l = { 0 }, s = { 0 };
+	struct rdma_cm_event *ev;
+	struct ibv_wc wc;
+	uint16_t port;
+	int up[2], down[2];
+	pid_t pid;
+	char b;
+
+	/* Fork first: CM state does not cross fork (as with the kernel's). */
+	REQUIRE(pipe(up) == 0 && pipe(down) == 0, "pipe");
+	pid = fork();
+	REQUIRE(pid >= 0, "fork");
+	if (pid == 0) {
+		struct end c = { 0 };
+		struct rdma_conn_param cp = { .retry_count = 7, .rnr_retry_count = 7 };
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (read(down[0], &port, sizeof(port)) != sizeof(port))
+			_exit(1);
+		client_resolve(&c, port);
+		if (rdma_connect(c.id, &cp) == 0 &&
+		    expect_event(c.ch, RDMA_CM_EVENT_ESTABLISHED, T_WAIT_MS))
+			(void)!write(up[1], "x", 1);
+		pause();
+		_exit(0);
+	}
+	port = listen_on(&l);
+	REQUIRE(write(down[1], &port, sizeof(port)) == sizeof(port), "pipe write");
+	ev = expect_event(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST, T_WAIT_MS);
+	if (!ev)
+		kill(pid, SIGKILL);
+	REQUIRE(ev, "no request");
+	s.id = ev->id;
+	rdma_ack_cm_event(ev);
+	end_qp(&s, s.id);
+	REQUIRE(rdma_post_recv(s.id, (void *)9, s.buf, 64, s.mr) == 0, "post_recv");
+	REQUIRE(rdma_accept(s.id, NULL) == 0, "accept");
+	expect_ack(l.ch, RDMA_CM_EVENT_ESTABLISHED);
+	CHECK(t_fd_readable(up[0], T_WAIT_MS) && read(up[0], &b, 1) == 1,
+	      "the client did not see ESTABLISHED");
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	uint64_t t0 = t_now_ms();
+	expect_ack(l.ch, RDMA_CM_EVENT_DISCONNECTED);
+	t_note("DISCONNECTED %llu ms after SIGKILL", (unsigned long long)(t_now_ms() - t0));
+	t_expect_wc(s.cq, &wc, 9, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, "flushed receive");
+	end_free(&s);
+	s.ch = NULL;
+	end_free(&l);
+	for (int i = 0; i < 2; i++) {
+		close(up[i]);
+		close(down[i]);
+	}
+}
+
+static int count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	int n = 0;
+
+	REQUIRE(d, "/proc/self/fd");
+	while (readdir(d))
+		n++;
+	closedir(d);
+	return n;
+}
+
+/* Connections over TCP are closed by the progress thread between its event
+ * batches: let it finish before counting. */
+static int count_fds_settled(void)
+{
+	int n = -1, prev;
+
+	for (int i = 0; i < 50; i++) {
+		prev = n;
+		t_sleep_ms(100);
+		n = count_fds();
+		if (n == prev)
+			break;
+	}
+	return n;
+}
+
+static int count_maps(void)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	int n = 0, ch;
+
+	REQUIRE(f, "/proc/self/maps");
+	while ((ch = fgetc(f)) != EOF)
+		n += ch == '\n';
+	fclose(f);
+	return n;
+}
+
+static void one_cycle(struct end *l)
+{
+	struct end c = { 0 }, s = { 0 };
+
+	client_resolve(&c, ntohs(rdma_get_src_port(l->id)));
+	connect_pair(l, &c, &s);
+	rdma_disconnect(s.id);
+	expect_ack(c.ch, RDMA_CM_EVENT_DISCONNECTED);
+	expect_ack(l->ch, RDMA_CM_EVENT_DISCONNECTED);
+	s.ch = NULL;
+	end_free(&s);
+	end_free(&c);
+}
+
+static void cycles_leak_nothing(void *arg)
+{
+	int n = getenv("CM_TEST_CYCLES") ? atoi(getenv("CM_TEST_CYCLES")) : 1000;
+	struct end l = { 0 };
+	int fds, maps;
+	size_t heap;
+	uint64_t t0;
+
+	listen_on(&l);
+	for (int i = 0; i < 20; i++) /* warm up: lazily created state */
+		one_cycle(&l);
+	fds = count_fds_settled();
+	maps = count_maps();
+	heap = mallinfo2().uordblks;
+	t0 = t_now_ms();
+	for (int i = 0; i < n && !t_failures(); i++)
+		one_cycle(&l);
+	t_note("%d connect/disconnect cycles in %llu ms", n,
+	       (unsigned long long)(t_now_ms() - t0));
+	int after = count_fds_settled();
+	CHECK(after == fds, "fds: %d before, %d after %d cycles", fds, after, n);
+	CHECK(count_maps() <= maps + 2, "mappings: %d before, %d after", maps, count_maps());
+	size_t now = mallinfo2().uordblks;
+	CHECK(now < heap + 64 * 1024, "heap in use grew by %zd bytes over %d cycles",
+	      (ssize_t)(now - heap), n);
+	end_free(&l);
+}
+
+int main(int argc, char **argv)
+{
+	t_init(argc, argv);
+	t_case("addrinfo", addrinfo, NULL);
+	t_case("bind_and_ports", bind_and_ports, NULL);
+	t_case("connect_send_disconnect", connect_send_disconnect, NULL);
+	t_case("reject_with_private_data", reject_with_private_data, NULL);
+	t_case("unreachable", unreachable, NULL);
+	t_case("nonblocking_channel", nonblocking_channel, NULL);
+	t_case("sync_endpoints", sync_endpoints, NULL);
+	t_case("migrate_id", migrate, NULL);
+	t_case("bad_arguments", bad_arguments, NULL);
+	t_case("peer_killed", peer_killed, NULL);
+	t_set_case_timeout(100);
+	t_case("cycles_leak_nothing", cycles_leak_nothing, NULL);
+	return t_finish();
+}
