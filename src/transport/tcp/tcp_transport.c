@@ -1740,10 +1740,13 @@ static int tcp_connect(struct urdma_qp *qp, const struct ibv_qp_attr *attr)
 
 static void tcp_disconnect(struct urdma_qp *qp)
 {
-	struct tcp_conn *c = qp->tr_priv;
+	struct tcp_conn *c;
 	struct tcp_listener *l;
 
+	/* Under T.lock: the progress thread may be attaching a connection
+	 * to this QP right now (conn_attach). */
 	pthread_mutex_lock(&T.lock);
+	c = qp->tr_priv;
 	l = listener_of(qp->ibqp.qp_num);
 	if (l)
 		l->reg[qp->ibqp.qp_num & 0xff].ready = false;
