@@ -317,8 +317,12 @@ int urdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 
 	pthread_mutex_lock(&cq->lock);
 	cq->armed = mode;
-	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
+	list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
 		atomic_store(&qp->shm->notify, mode);
+		/* qp->tr is cleared under CQ locks (qp_disconnect). */
+		if (qp->tr && qp->tr->armed)
+			qp->tr->armed(qp);
+	}
 	/* Pairs with the fence in the deliverer (responder_notify): armed
 	 * before the caller's next poll reads rq_done. */
 	atomic_thread_fence(memory_order_seq_cst);

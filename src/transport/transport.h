@@ -32,6 +32,9 @@ struct urdma_transport_ops {
 	void (*poll)(struct urdma_qp *qp);
 	/* Optional.  ibv_post_recv added receives. */
 	void (*recv_posted)(struct urdma_qp *qp);
+	/* Optional.  ibv_req_notify_cq armed the QP's receive CQ: the
+	 * application may go to sleep.  Under the CQ lock. */
+	void (*armed)(struct urdma_qp *qp);
 };
 
 extern const struct urdma_transport_ops urdma_shm_transport;

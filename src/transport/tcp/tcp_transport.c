@@ -127,6 +127,9 @@ struct tcp_conn {
 	_Atomic bool stalled; /* a Send waits for a receive WR */
 	_Atomic uint64_t last_poll_ns; /* an application thread polled */
 	_Atomic bool unread;	       /* the progress thread left data */
+	/* The progress thread does not watch for data: the application
+	 * polls.  Written by the progress thread only. */
+	_Atomic bool parked;
 	/* send side, under tx_lock */
 	uint32_t tx_msn[DDP_NUM_QN];
 	struct tx_seg tx_tail; /* an FPDU to send with the next message's end */
@@ -1641,10 +1644,18 @@ static void conn_cb(struct urdma_watcher *w, uint32_t events)
 	/* Leave it to a polling application, unless it armed its CQ to
 	 * sleep (then it waits for us). */
 	if (c->qp && !c->closing && app_polling(c) &&
-	    !atomic_load(&c->qp->shm->notify))
+	    !atomic_load(&c->qp->shm->notify)) {
 		atomic_store(&c->unread, true); /* tcp_maintain checks later */
-	else
+		/* And stop waking up for each arrival: on a busy core the
+		 * wake-up itself delays the polling application. */
+		if (!atomic_load(&c->parked)) {
+			atomic_store(&c->parked, true);
+			urdma_progress_watch_events(c->fd, EPOLLET, URDMA_WATCH_FN,
+						    &c->w, true);
+		}
+	} else {
 		rx_locked(c);
+	}
 	pthread_mutex_unlock(&c->rx_lock);
 	zr_send(c); /* nobody waits on this thread */
 }
@@ -2024,11 +2035,20 @@ static bool tcp_maintain(struct urdma_qp *qp)
 		 * has stopped polling, or a Send waiting for a receive. */
 		bool unread = atomic_exchange(&c->unread, false);
 
-		if (unread && app_polling(c))
+		if (atomic_load(&c->parked) &&
+		    (!app_polling(c) || atomic_load(&qp->shm->notify))) {
+			/* It stopped polling, or will sleep on its CQ. */
+			atomic_store(&c->parked, false);
+			urdma_progress_watch_events(c->fd, EPOLLIN | EPOLLET,
+						    URDMA_WATCH_FN, &c->w, true);
+			unread = true;
+		}
+		if (unread && app_polling(c) && !atomic_load(&qp->shm->notify))
 			atomic_store(&c->unread, true);
 		else if (unread || atomic_load(&c->stalled))
 			rx_locked(c);
-		again = atomic_load(&c->unread) || atomic_load(&c->stalled);
+		again = atomic_load(&c->unread) || atomic_load(&c->stalled) ||
+			atomic_load(&c->parked);
 		conn_probe_overdue(c, qp);
 		/* Unconfirmed messages on a lost stream fail at once, the
 		 * first with RETRY_EXC_ERR, as when a NIC's retries run out.
@@ -2073,6 +2093,16 @@ static void tcp_recv_posted(struct urdma_qp *qp)
 		urdma_progress_kick();
 }
 
+/* The application may sleep on its CQ now: the progress thread must watch
+ * for data again (tcp_maintain unparks). */
+static void tcp_armed(struct urdma_qp *qp)
+{
+	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
+
+	if (c && atomic_load(&c->parked))
+		urdma_progress_kick();
+}
+
 const struct urdma_transport_ops urdma_tcp_transport = {
 	.name = "tcp",
 	.connect = tcp_connect,
@@ -2081,4 +2111,5 @@ const struct urdma_transport_ops urdma_tcp_transport = {
 	.maintain = tcp_maintain,
 	.poll = tcp_poll,
 	.recv_posted = tcp_recv_posted,
+	.armed = tcp_armed,
 };
