@@ -127,6 +127,8 @@ struct tcp_conn {
 	_Atomic bool stalled; /* a Send waits for a receive WR */
 	_Atomic uint64_t last_poll_ns; /* an application thread polled */
 	_Atomic bool unread;	       /* the progress thread left data */
+	uint64_t rx_bytes;     /* received so far (rx_lock) */
+	unsigned quiet_polls;  /* application polls that received nothing */
 	/* The progress thread does not watch for data: the application
 	 * polls.  Written by the progress thread only. */
 	_Atomic bool parked;
@@ -1362,6 +1364,7 @@ static void rx_locked(struct tcp_conn *c)
 			 MSG_DONTWAIT);
 		if (k > 0) {
 			c->rlen += k;
+			c->rx_bytes += k;
 			continue;
 		}
 		if (k == 0)
@@ -2074,15 +2077,23 @@ static void tcp_poll(struct urdma_qp *qp)
 
 	if (!c || atomic_load(&c->state) != C_UP)
 		return;
+	uint64_t seen;
+	bool quiet;
+
 	atomic_store_explicit(&c->last_poll_ns, urdma_now_ns(),
 			      memory_order_relaxed);
-	/* What the last pass held back: the application has had its
-	 * completions meanwhile (or sent them along with a message). */
-	zr_send(c);
 	if (pthread_mutex_trylock(&c->rx_lock))
 		return;
+	seen = c->rx_bytes;
 	rx_locked(c);
+	c->quiet_polls = c->rx_bytes == seen ? c->quiet_polls + 1 : 0;
+	/* Answers held back go with the application's next message; an
+	 * application that polls twice more and finds nothing new is
+	 * waiting, not answering: send them now. */
+	quiet = c->quiet_polls >= 2;
 	pthread_mutex_unlock(&c->rx_lock);
+	if (quiet)
+		zr_send(c);
 }
 
 static void tcp_recv_posted(struct urdma_qp *qp)
