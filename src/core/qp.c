@@ -650,9 +650,10 @@ int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 		prod++;
 		atomic_store_explicit(&s->rq_prod, prod, memory_order_release);
 	}
+	pthread_mutex_unlock(&qp->rq_lock);
+	/* rq_flush takes rq_lock itself. */
 	if (ibqp->state == IBV_QPS_ERR)
 		rq_flush(qp);
-	pthread_mutex_unlock(&qp->rq_lock);
 	if (ret)
 		*bad = wr;
 	/* A sender waits for a receive: wake it. */
