@@ -126,11 +126,11 @@ struct tcp_conn {
 	uint64_t write_len, last_write_len;
 	_Atomic bool stalled; /* a Send waits for a receive WR */
 	_Atomic uint64_t last_poll_ns; /* an application thread polled */
-	_Atomic bool unread;	       /* the progress thread left data */
+	_Atomic bool unread;	       /* for tcp_maintain to receive */
 	uint64_t rx_bytes;     /* received so far (rx_lock) */
 	unsigned quiet_polls;  /* application polls that received nothing */
 	/* The progress thread does not watch for data: the application
-	 * polls.  Written by the progress thread only. */
+	 * polls (conn_park, under rx_lock). */
 	_Atomic bool parked;
 	/* send side, under tx_lock */
 	uint32_t tx_msn[DDP_NUM_QN];
@@ -1625,11 +1625,30 @@ static int conn_start(struct tcp_conn *c)
 
 #define POLLING_NS 200000ull
 
-/* An application thread polled this connection within the last 200 us:
- * it will take what arrives sooner than a woken thread would. */
+/* An application thread polled this connection within the last 200 us. */
 static bool app_polling(struct tcp_conn *c)
 {
 	return urdma_now_ns() - atomic_load(&c->last_poll_ns) < POLLING_NS;
+}
+
+/*
+ * Parking: an application that polls its CQ and finds nothing, twice, waits
+ * inside the library; what arrives now it receives itself, sooner than a
+ * woken progress thread would, and on a busy core that wake-up would delay
+ * it.  So the progress thread stops watching the stream (parked).  As soon
+ * as a poll receives something the application is about to leave the
+ * library, perhaps to spin on memory for a one-sided operation: unparked.
+ * tcp_maintain unparks a stream whose application stopped polling, and
+ * tcp_armed one whose application is about to sleep on its CQ.  Under
+ * rx_lock.
+ */
+static void conn_park(struct tcp_conn *c, bool park)
+{
+	if (atomic_load(&c->parked) == park)
+		return;
+	atomic_store(&c->parked, park);
+	urdma_progress_watch_events(c->fd, park ? EPOLLET : EPOLLIN | EPOLLET,
+				    URDMA_WATCH_FN, &c->w, true);
 }
 
 static void conn_cb(struct urdma_watcher *w, uint32_t events)
@@ -1644,21 +1663,7 @@ static void conn_cb(struct urdma_watcher *w, uint32_t events)
 		return;
 	}
 	pthread_mutex_lock(&c->rx_lock);
-	/* Leave it to a polling application, unless it armed its CQ to
-	 * sleep (then it waits for us). */
-	if (c->qp && !c->closing && app_polling(c) &&
-	    !atomic_load(&c->qp->shm->notify)) {
-		atomic_store(&c->unread, true); /* tcp_maintain checks later */
-		/* And stop waking up for each arrival: on a busy core the
-		 * wake-up itself delays the polling application. */
-		if (!atomic_load(&c->parked)) {
-			atomic_store(&c->parked, true);
-			urdma_progress_watch_events(c->fd, EPOLLET, URDMA_WATCH_FN,
-						    &c->w, true);
-		}
-	} else {
-		rx_locked(c);
-	}
+	rx_locked(c);
 	pthread_mutex_unlock(&c->rx_lock);
 	zr_send(c); /* nobody waits on this thread */
 }
@@ -2034,24 +2039,19 @@ static bool tcp_maintain(struct urdma_qp *qp)
 			unc_settle(c, c->unc_head, IBV_WC_WR_FLUSH_ERR);
 		}
 	} else {
-		/* Data the progress thread left to a polling application that
-		 * has stopped polling, or a Send waiting for a receive. */
+		/* FPDUs that came with the MPA Reply, a parked stream whose
+		 * application stopped polling (or will sleep on its CQ), or a
+		 * Send waiting for a receive. */
 		bool unread = atomic_exchange(&c->unread, false);
 
 		if (atomic_load(&c->parked) &&
 		    (!app_polling(c) || atomic_load(&qp->shm->notify))) {
-			/* It stopped polling, or will sleep on its CQ. */
-			atomic_store(&c->parked, false);
-			urdma_progress_watch_events(c->fd, EPOLLIN | EPOLLET,
-						    URDMA_WATCH_FN, &c->w, true);
+			conn_park(c, false);
 			unread = true;
 		}
-		if (unread && app_polling(c) && !atomic_load(&qp->shm->notify))
-			atomic_store(&c->unread, true);
-		else if (unread || atomic_load(&c->stalled))
+		if (unread || atomic_load(&c->stalled))
 			rx_locked(c);
-		again = atomic_load(&c->unread) || atomic_load(&c->stalled) ||
-			atomic_load(&c->parked);
+		again = atomic_load(&c->stalled) || atomic_load(&c->parked);
 		conn_probe_overdue(c, qp);
 		/* Unconfirmed messages on a lost stream fail at once, the
 		 * first with RETRY_EXC_ERR, as when a NIC's retries run out.
@@ -2087,10 +2087,12 @@ static void tcp_poll(struct urdma_qp *qp)
 	seen = c->rx_bytes;
 	rx_locked(c);
 	c->quiet_polls = c->rx_bytes == seen ? c->quiet_polls + 1 : 0;
-	/* Answers held back go with the application's next message; an
-	 * application that polls twice more and finds nothing new is
-	 * waiting, not answering: send them now. */
+	/* Two polls that found nothing: the application waits here (park).
+	 * Answers held back go with its next message; one that waits is
+	 * not answering: send them now. */
 	quiet = c->quiet_polls >= 2;
+	/* Not while the CQ is armed: the application is about to sleep. */
+	conn_park(c, quiet && c->qp && !atomic_load(&c->qp->shm->notify));
 	pthread_mutex_unlock(&c->rx_lock);
 	if (quiet)
 		zr_send(c);
@@ -2105,13 +2107,21 @@ static void tcp_recv_posted(struct urdma_qp *qp)
 }
 
 /* The application may sleep on its CQ now: the progress thread must watch
- * for data again (tcp_maintain unparks). */
+ * for data again.  Under the CQ lock, inner to rx_lock: if that is busy,
+ * tcp_maintain unparks. */
 static void tcp_armed(struct urdma_qp *qp)
 {
 	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
 
-	if (c && atomic_load(&c->parked))
+	if (!c || !atomic_load(&c->parked))
+		return;
+	if (pthread_mutex_trylock(&c->rx_lock)) {
 		urdma_progress_kick();
+		return;
+	}
+	if (atomic_load(&c->state) == C_UP)
+		conn_park(c, false);
+	pthread_mutex_unlock(&c->rx_lock);
 }
 
 const struct urdma_transport_ops urdma_tcp_transport = {
