@@ -1,8 +1,9 @@
 #!/bin/bash
 # SPDX-License-Identifier: MIT
 #
-# check_symbols.sh LIB - check that LIB (urdma's drop-in libibverbs) has the
-# same dynamic ABI as Debian 12's real libibverbs.so.1 (rdma-core 44):
+# check_symbols.sh LIB - check that LIB (urdma's drop-in libibverbs or
+# librdmacm) has the same dynamic ABI as Debian 12's real libibverbs.so.1 or
+# librdmacm.so.1 (rdma-core 44).  For libibverbs:
 #
 #   1. SONAME is libibverbs.so.1;
 #   2. the version definitions (names and parents) are the real ones:
@@ -28,16 +29,27 @@
 set -u
 
 MULTIARCH_DIR=/usr/lib/x86_64-linux-gnu
-REAL=${REAL_LIBIBVERBS:-$MULTIARCH_DIR/libibverbs.so.1}
-PROVIDERS="$MULTIARCH_DIR/libmlx5.so.1 $MULTIARCH_DIR/libefa.so.1"
-SONAME=libibverbs.so.1
-EXPECTED_VERDEFS=14
 
 if [ $# -ne 1 ]; then
-	echo "usage: $0 path/to/our/libibverbs.so" >&2
+	echo "usage: $0 path/to/our/libibverbs.so|librdmacm.so" >&2
 	exit 2
 fi
 OURS=$1
+case "$(basename "$OURS")" in
+librdmacm*)
+	# RDMACM_1.0 .. 1.3 and the base entry; no providers to load.
+	REAL=${REAL_LIBRDMACM:-$MULTIARCH_DIR/librdmacm.so.1}
+	SONAME=librdmacm.so.1
+	EXPECTED_VERDEFS=5
+	PROVIDERS=""
+	;;
+*)
+	REAL=${REAL_LIBIBVERBS:-$MULTIARCH_DIR/libibverbs.so.1}
+	SONAME=libibverbs.so.1
+	EXPECTED_VERDEFS=14
+	PROVIDERS="$MULTIARCH_DIR/libmlx5.so.1 $MULTIARCH_DIR/libefa.so.1"
+	;;
+esac
 
 if [ ! -e "$REAL" ]; then
 	echo "SKIP: reference library $REAL is not installed (Debian package libibverbs1)"
@@ -191,7 +203,9 @@ for p in $PROVIDERS; do
 done
 
 CC=${CC:-cc}
-if [ ${#present[@]} -eq 0 ]; then
+if [ -z "$PROVIDERS" ]; then
+	:	# librdmacm: Debian's rdmacm-utils load it in tests/rdmacm
+elif [ ${#present[@]} -eq 0 ]; then
 	echo "skip: load test (no provider library installed)"
 elif ! command -v "$CC" >/dev/null 2>&1; then
 	echo "skip: load test (no C compiler '$CC')"
