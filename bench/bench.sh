@@ -18,6 +18,11 @@
 # and UCX over TCP, on loopback and between two network namespaces;
 # BENCH_TCP=0 leaves them out, BENCH_TCP_REPS default 3, BENCH_TCP_BUDGET
 # seconds default 240).
+# Then the connection manager and rsockets rows (bench_cm below, on
+# loopback: cmtime's connection setup rate next to plain TCP connect/accept
+# (bench/tcp_connrate.c), rstream on rsockets next to rstream -T s on kernel
+# TCP sockets; BENCH_CM=0 leaves them out, BENCH_CM_REPS default 5,
+# BENCH_CM_BUDGET seconds default 120, BENCH_CM_CONNS default 200).
 # Environment: BENCH_REPS (default 5), BENCH_BUDGET seconds (default 240;
 # no new repetition starts after it), BENCH_DEVICE (default urdma0),
 # BENCH_PORT (first TCP port, default 18800).
@@ -518,5 +523,162 @@ bench_tcp() {
 }
 
 [ "${BENCH_TCP:-1}" = 1 ] && bench_tcp
+
+# --- the connection manager and rsockets (issue #4) --------------------------
+# bench_cm: on loopback, BENCH_CM_REPS times interleaved; appends a table to
+# $RESULTS.
+#   connection setup rate, conn/s: cmtime -c N (N connections in flight; its
+#     steps create id, resolve addr, resolve route, create qp and connect, and
+#     the connect step alone: REQ, REP, RTU and the QPs' moves to RTS)
+#     vs tcp_connrate: N non-blocking connects, each done when the server has
+#     accepted it and sent one byte (the server's accept is in the setup, as
+#     rdma_accept is in the RDMA CM's)
+#   rsocket stream bandwidth, GB/s: rstream -S 1 MiB -C 500 (its custom test:
+#     500 transfers one way, then 500 back) vs the same with -T s, kernel TCP
+#     sockets (rstream's own baseline, the same program and pattern)
+#   rsocket latency, one-way µs: rstream -S 64 -C 1 -I 20000 (ping-pong; its
+#     usec/xfer is half a round trip) vs the same with -T s
+CM_CONNS=${BENCH_CM_CONNS:-200}
+
+# rstream_custom LOG COLUMN: the column (7 Gb/sec, 8 usec/xfer) of its
+# "custom" result row.
+rstream_custom() { awk -v c="$2" '$1 == "custom" && NF >= 8 { print $c; exit }' "$1"; }
+
+cm_cmtime() {  # conn/s, setup (steps create id .. connect) and the connect step alone
+    local tag=cm-cmtime.$REP
+    next_port
+    PAIR_SERVER_STAYS=1
+    pair "$tag" 60 "" "$URDMA" run cmtime -c "$CM_CONNS" -p "$PORT" -- \
+        "$URDMA" run cmtime -c "$CM_CONNS" -p "$PORT" -s 127.0.0.1
+    local rc=$?
+    PAIR_SERVER_STAYS=0
+    [ "$rc" -eq 0 ] || return 1
+    # step ":" total ms, max ms, min us, us/conn
+    VAL=$(awk -F: -v n="$CM_CONNS" '
+        { sub(/ +$/, "", $1) }
+        $1 ~ /^(create id|resolve addr|resolve route|create qp|connect)$/ { split($2, f, " "); ms += f[1]; k++ }
+        END { if (k == 5 && ms > 0) printf "%.0f\n", n / (ms / 1000) }' "$PAIR_LOG")
+    VAL2=$(awk -F: -v n="$CM_CONNS" '
+        { sub(/ +$/, "", $1) }
+        $1 == "connect" { split($2, f, " "); if (f[1] > 0) printf "%.0f\n", n / (f[1] / 1000) }' "$PAIR_LOG")
+}
+
+cm_tcp_connrate() {  # conn/s
+    local tag=cm-tcp_connrate.$REP
+    next_port
+    pair "$tag" 30 "" "$CM_CONNRATE" server "$PORT" "$CM_CONNS" -- \
+        "$CM_CONNRATE" client 127.0.0.1 "$PORT" "$CM_CONNS" || return 1
+    VAL=$(awk '/conn\/s/ { print $(NF - 1); exit }' "$PAIR_LOG")
+}
+
+cm_rstream() {  # KIND bw|lat, WHO urdma|tcp: GB/s or one-way usec
+    local kind=$1 who=$2 tag=cm-rstream-$1-$2.$REP
+    local -a args run=() opt=()
+    if [ "$kind" = bw ]; then args=(-S 1048576 -C 500); else args=(-S 64 -C 1 -I 20000); fi
+    if [ "$who" = urdma ]; then run=("$URDMA" run); else opt=(-T s); fi
+    next_port
+    pair "$tag" 60 "" "${run[@]}" rstream "${opt[@]}" "${args[@]}" -p "$PORT" -- \
+        "${run[@]}" rstream "${opt[@]}" "${args[@]}" -p "$PORT" -s 127.0.0.1 || return 1
+    if [ "$kind" = bw ]; then
+        VAL=$(rstream_custom "$PAIR_LOG" 7 | awk '{ if ($1 > 0) printf "%.3f\n", $1 / 8 }')
+    else
+        VAL=$(rstream_custom "$PAIR_LOG" 8)
+    fi
+}
+
+declare -A CM_VALS=() CM_FAILS=()
+
+cmed() {  # KEY -> median or n/a
+    # shellcheck disable=SC2086  # word splitting of the value list is wanted
+    median ${CM_VALS[$1]:-}
+}
+
+bench_cm() {
+    local reps=${BENCH_CM_REPS:-5} budget=${BENCH_CM_BUDGET:-120} start=$SECONDS
+    local -a keys=()
+    local k v note=""
+    tcp_path lo
+    if ! have cmtime rdmacm-utils || ! have rstream rdmacm-utils; then
+        note="rdmacm-utils not installed: no figures."
+    elif [ ! -e "$BUILD/lib/librdmacm.so.1" ]; then
+        note="$BUILD/lib/librdmacm.so.1 not built: no urdma figures."
+        keys=(rs_bw_tcp rs_lat_tcp)
+    else
+        [ "$URDMA_OK" = 1 ] && keys+=(cmtime)
+        keys+=(rs_bw_tcp rs_lat_tcp)
+        # Guard: do rsockets work?  (One short rstream on loopback.)
+        next_port
+        if [ "$URDMA_OK" = 1 ] &&
+           pair cm-rstream-probe 20 "" "$URDMA" run rstream -S 4096 -C 100 -p "$PORT" -- \
+               "$URDMA" run rstream -S 4096 -C 100 -p "$PORT" -s 127.0.0.1 &&
+           [ -n "$(rstream_custom "$PAIR_LOG" 7)" ]; then
+            keys+=(rs_bw rs_lat)
+        else
+            note="rsocket rows n/a: the rstream probe failed (see $LOGS/cm-rstream-probe.*)."
+            say "bench: rsockets n/a (see $LOGS/cm-rstream-probe.*)"
+        fi
+    fi
+    CM_CONNRATE=$OUTDIR/tcp_connrate
+    if ${CC:-cc} -O2 -o "$CM_CONNRATE" "$HERE/tcp_connrate.c" >"$LOGS/tcp_connrate-build.log" 2>&1; then
+        keys+=(connrate)
+    else
+        note="${note:+$note }TCP connection rate n/a: building bench/tcp_connrate.c failed (see $LOGS/tcp_connrate-build.log)."
+    fi
+    say "bench: connection manager and rsocket rows, $reps repetitions, budget ${budget}s"
+    REP=0
+    while [ "$REP" -lt "$reps" ] && [ $((SECONDS - start)) -lt "$budget" ]; do
+        REP=$((REP + 1))
+        for k in "${keys[@]}"; do
+            [ "${CM_FAILS[$k]:-0}" -ge 2 ] && continue
+            VAL=""
+            VAL2=""
+            case $k in
+                cmtime) cm_cmtime ;;
+                connrate) cm_tcp_connrate ;;
+                rs_bw) cm_rstream bw urdma ;;
+                rs_bw_tcp) cm_rstream bw tcp ;;
+                rs_lat) cm_rstream lat urdma ;;
+                rs_lat_tcp) cm_rstream lat tcp ;;
+            esac
+            v=$VAL
+            if [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+                CM_VALS[$k]="${CM_VALS[$k]:-} $v"
+                say "bench: cm rep $REP $k = $v"
+                if [[ $VAL2 =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+                    CM_VALS[$k.connect]="${CM_VALS[$k.connect]:-} $VAL2"
+                    say "bench: cm rep $REP $k.connect = $VAL2"
+                fi
+            else
+                CM_FAILS[$k]=$((${CM_FAILS[$k]:-0} + 1))
+                say "bench: cm rep $REP $k failed (see $LOGS/cm-*.$REP.*)"
+            fi
+        done
+    done
+    {
+        echo
+        echo "## The connection manager and rsockets"
+        echo
+        echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC'), median of up to $REP runs; loopback, server on CPU 1 /" \
+             "client on CPU 0; urdma's QPs over shared memory; GB = 1e9 B."
+        echo
+        echo "| path | metric | urdma | peer | peer figure | urdma/peer |"
+        echo "|---|---|---|---|---|---|"
+        tcp_row lo "connection setup, conn/s (cmtime -c $CM_CONNS: create id to connected)" "$(cmed cmtime)" \
+            "TCP connect + accept + 1 byte, $CM_CONNS in flight" "$(cmed connrate)"
+        tcp_row lo "connect step alone, conn/s (cmtime: REQ, REP, RTU)" "$(cmed cmtime.connect)" \
+            "TCP connect + accept + 1 byte, $CM_CONNS in flight" "$(cmed connrate)"
+        tcp_row lo "rsocket stream 1 MiB x 500, GB/s (rstream)" "$(cmed rs_bw)" \
+            "rstream -T s (kernel TCP sockets)" "$(cmed rs_bw_tcp)"
+        tcp_row lo "rsocket 64 B ping-pong, one-way µs (rstream)" "$(cmed rs_lat)" \
+            "rstream -T s (kernel TCP sockets)" "$(cmed rs_lat_tcp)"
+        echo
+        echo "Rates and bandwidth: higher is better; latency: lower is better.${note:+ $note}"
+        for k in "${!CM_FAILS[@]}"; do
+            echo "$k: ${CM_FAILS[$k]} failed run(s); logs in $LOGS."
+        done
+    } | tee -a "$RESULTS"
+}
+
+[ "${BENCH_CM:-1}" = 1 ] && bench_cm
 say "bench: results written to $RESULTS"
 exit 0
