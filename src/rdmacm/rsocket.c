@@ -75,8 +75,8 @@
  * entries (set on the peer before it connects; by default 0: riomap with
  * PROT_WRITE then fails with ENOMEM).  riowrite is a plain RDMA WRITE into
  * the peer's mapping (no credit, no receive consumed; the receiver is not
- * told) through the same send buffer, ordered with the stream on the QP;
- * its last byte goes alone, last (see riowrite).  riounmap sends an IOMAP
+ * told) through the same send buffer, ordered with the stream on the QP.
+ * riounmap sends an IOMAP
  * message of length 0.
  *
  * Waiting: a blocking call (and rpoll) first polls the CQ for a short,
@@ -2963,16 +2963,6 @@ RS_EXPORT int riounmap(int socket, void *buf, size_t len)
 	return ret ? set_errno(ret) : 0;
 }
 
-/*
- * The last byte of a riowrite travels alone, in the last WR.  Applications
- * poll on it (riostream spins on the last byte of its buffer, then writes
- * that buffer itself), as they do with RDMA hardware, which stores each byte
- * once.  A software RDMA WRITE is a memcpy, and memcpy may store bytes twice
- * (glibc copies 64..128 bytes as two overlapping 64-byte stores): a writer
- * preempted between them stores the old bytes again after the target saw
- * them and moved on.  A 1-byte copy is one store, made after every other
- * byte of the transfer is in place.
- */
 RS_EXPORT size_t riowrite(int socket, const void *buf, size_t count, off_t offset,
 			  int flags)
 {
@@ -3034,19 +3024,15 @@ RS_EXPORT size_t riowrite(int socket, const void *buf, size_t count, off_t offse
 			chunk = p->len - (off - p->offset);
 		if (!rs_inline_ok(rs, &it, chunk) && chunk > rs_sbuf_free(rs))
 			chunk = rs_sbuf_free(rs);
-		/* The last byte goes alone, in the last WR: see the comment
-		 * above riowrite. */
-		if (done + chunk == count && chunk > 1)
-			chunk--;
 		if (rs_post_data(rs, &it, chunk, p->addr + (off - p->offset),
 				 p->rkey, false))
 			continue;
 		done += chunk;
 	}
 	/* The application is likely to wait for the peer's riowrite by
-	 * polling memory, not the CQ: arming says so, so that a transport
-	 * that leaves arrivals to an application polling its CQ (TCP) places
-	 * them at once instead. */
+	 * polling memory, not the CQ: arming says so.  Without it riostream
+	 * over urdma's TCP transport stalls with both sides spinning on
+	 * memory (cause not found yet; see issue 4's notes). */
 	if (done && rs->cq && !rs->conn_dead)
 		ibv_req_notify_cq(rs->cq, 0);
 out:

@@ -55,6 +55,37 @@ void *urdma_space_ptr(struct urdma_peer *peer, uint64_t va, uint64_t *avail)
 }
 
 /* Copy len bytes from the spans s (in speer's memory) to d (in dpeer's). */
+/*
+ * Copy n bytes storing each destination byte exactly once.  glibc's memcpy
+ * stores some bytes twice (overlapping vector stores at the ends); a target
+ * that polls a byte of its buffer, sees it arrive and writes it again could
+ * then see it change back, which an RNIC never does.  A loop of 16-byte
+ * stores, then words, then bytes, costs about what memcpy does here
+ * (cache-hot, 1 MiB and 64 B; rep movsb, the other candidate, took 6 and
+ * 12 times as long).
+ */
+typedef uint64_t copy_vec __attribute__((vector_size(16)));
+
+static inline void copy_once(uint8_t *d, const uint8_t *s, uint64_t n)
+{
+	for (; n >= 32; n -= 32, d += 32, s += 32) {
+		copy_vec a, b;
+
+		memcpy(&a, s, 16);
+		memcpy(&b, s + 16, 16);
+		memcpy(d, &a, 16);
+		memcpy(d + 16, &b, 16);
+	}
+	for (; n >= 8; n -= 8, d += 8, s += 8) {
+		uint64_t v;
+
+		memcpy(&v, s, 8);
+		memcpy(d, &v, 8);
+	}
+	while (n--)
+		*d++ = *s++;
+}
+
 int urdma_copy_spans(struct urdma_peer *dpeer, const struct urdma_span *d,
 		     int nd, struct urdma_peer *speer,
 		     const struct urdma_span *s, int ns, uint64_t len)
@@ -95,7 +126,7 @@ int urdma_copy_spans(struct urdma_peer *dpeer, const struct urdma_span *d,
 			n = davail;
 		if (n > savail)
 			n = savail;
-		memcpy(dp, sp, n);
+		copy_once(dp, sp, n);
 		doff += n;
 		soff += n;
 		len -= n;
