@@ -107,6 +107,10 @@ struct cma_event {
 	struct rdma_cm_event ev;
 	struct list_head node;
 	struct cma_id *owner; /* whose outstanding count it holds */
+	/* The peer ended the connection: the id's QP goes to ERR when the
+	 * application takes the event, in its own thread (never from the CM
+	 * thread, which cannot know whether the QP still exists). */
+	bool qp_err;
 	uint8_t pdata[CMA_MAX_PDATA];
 };
 
@@ -171,6 +175,7 @@ static uint64_t now_ns(void)
 static void cma_handle_io(struct cma_id *cid, uint32_t events);
 static void cma_expire(uint64_t now);
 static void cma_closed(struct cma_id *cid, int e);
+static void cma_qp_error(struct cma_id *cid);
 
 static int cma_next_timeout_ms(void)
 {
@@ -427,6 +432,8 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel,
 			list_del(&e->node);
 			cma_channel_sync(c);
 			e->owner->outstanding++;
+			if (e->qp_err)
+				cma_qp_error(to_cid(e->ev.id));
 			pthread_mutex_unlock(&cma_lock);
 			*event = &e->ev;
 			return 0;
@@ -1380,13 +1387,17 @@ EXPORT int rdma_establish(struct rdma_cm_id *id)
 	return ret ? cma_err(-ret) : 0;
 }
 
-/* The connection is over: flush the QP, report once.  Under cma_lock. */
-static void cma_disconnected(struct cma_id *cid)
+/* The connection is over: report it once; by_peer: the QP goes to ERR as
+ * the application takes the event.  Under cma_lock. */
+static void cma_disconnected(struct cma_id *cid, bool by_peer)
 {
-	cma_qp_error(cid);
+	struct cma_event *e;
+
 	cma_close_fd(cid);
 	cid->state = CS_DISCONNECTED;
-	cma_post(cid, RDMA_CM_EVENT_DISCONNECTED, 0, NULL);
+	e = cma_post(cid, RDMA_CM_EVENT_DISCONNECTED, 0, NULL);
+	if (e)
+		e->qp_err = by_peer;
 }
 
 EXPORT int rdma_disconnect(struct rdma_cm_id *id)
@@ -1402,8 +1413,10 @@ EXPORT int rdma_disconnect(struct rdma_cm_id *id)
 	case CS_ESTABLISHED:
 	case CS_REP_SENT:
 	case CS_REP_RCVD:
+		/* Flushed first, as the peer will flush when told. */
+		cma_qp_error(cid);
 		cma_send(cid, CMA_DREQ, NULL, 0, 0);
-		cma_disconnected(cid);
+		cma_disconnected(cid, false);
 		break;
 	case CS_DISCONNECTED: /* the peer went first: nothing more to say */
 		break;
@@ -1585,14 +1598,14 @@ static void cma_handle_msg(struct cma_id *cid, const struct cma_msg *m)
 			return;
 		}
 		if (m->type == CMA_DREQ) {
-			cma_disconnected(cid);
+			cma_disconnected(cid, true);
 			return;
 		}
 		break;
 	case CS_ESTABLISHED:
 	case CS_REP_RCVD:
 		if (m->type == CMA_DREQ) {
-			cma_disconnected(cid);
+			cma_disconnected(cid, true);
 			return;
 		}
 		break;
@@ -1618,15 +1631,19 @@ static void cma_closed(struct cma_id *cid, int e)
 		cma_post(cid, RDMA_CM_EVENT_UNREACHABLE, e, NULL);
 		return;
 	case CS_REQ_RCVD:
-	case CS_REP_SENT:
-		cma_qp_error(cid);
+	case CS_REP_SENT: {
+		struct cma_event *ev;
+
 		cma_close_fd(cid);
 		cid->state = CS_FAILED;
-		cma_post(cid, RDMA_CM_EVENT_CONNECT_ERROR, e, NULL);
+		ev = cma_post(cid, RDMA_CM_EVENT_CONNECT_ERROR, e, NULL);
+		if (ev)
+			ev->qp_err = true;
 		return;
+	}
 	case CS_ESTABLISHED:
 	case CS_REP_RCVD:
-		cma_disconnected(cid);
+		cma_disconnected(cid, true);
 		return;
 	default:
 		cma_close_fd(cid);

@@ -2032,7 +2032,9 @@ static bool tcp_maintain(struct urdma_qp *qp)
 	if (atomic_load(&qp->shm->state) == URDMA_SQPS_ERR) {
 		if (!atomic_load(&c->dead)) {
 			/* The peer learns it from the stream's end: its
-			 * unconfirmed WRs fail as if our QP stopped answering. */
+			 * unconfirmed WRs fail as if our QP stopped answering.
+			 * The answers it already earned go first. */
+			zr_send(c);
 			shutdown(c->fd, SHUT_RDWR);
 			c->dead_handled = true;
 			conn_set_dead(c, "local QP in error");
