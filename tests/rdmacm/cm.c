@@ -282,6 +282,26 @@ static void connect_send_disconnect(void *arg)
 	end_free(&l);
 }
 
+/* perftest's teardown: the QP destroyed with ibv_destroy_qp while its id
+ * stays connected, then the peer disconnects.  The library must not touch
+ * that QP (under ASan a use-after-free is an error). */
+static void qp_destroyed_then_peer_disconnects(void *arg)
+{
+	struct end l = { 0 }, c = { 0 }, s = { 0 };
+
+	client_resolve(&c, listen_on(&l));
+	connect_pair(&l, &c, &s);
+	CHECK(ibv_destroy_qp(s.id->qp) == 0, "ibv_destroy_qp");
+	CHECK(rdma_disconnect(c.id) == 0, "rdma_disconnect");
+	expect_ack(c.ch, RDMA_CM_EVENT_DISCONNECTED);
+	t_sleep_ms(100); /* the CM thread has handled the DREQ by now */
+	s.id->qp = NULL; /* destroyed above: not again in end_free */
+	end_free(&s);
+	s.ch = NULL;
+	end_free(&c);
+	end_free(&l);
+}
+
 static void reject_with_private_data(void *arg)
 {
 	struct end l = { 0 }, c = { 0 };
@@ -640,6 +660,7 @@ int main(int argc, char **argv)
 	t_case("addrinfo", addrinfo, NULL);
 	t_case("bind_and_ports", bind_and_ports, NULL);
 	t_case("connect_send_disconnect", connect_send_disconnect, NULL);
+	t_case("qp_destroyed_then_peer_disconnects", qp_destroyed_then_peer_disconnects, NULL);
 	t_case("reject_with_private_data", reject_with_private_data, NULL);
 	t_case("unreachable", unreachable, NULL);
 	t_case("nonblocking_channel", nonblocking_channel, NULL);
