@@ -4,7 +4,7 @@
 # anyone else it names them.  Usage: scripts/deps.sh build|check|bench|fuzz
 set -u
 need_build=(cmake gcc make pkg-config libibverbs-dev librdmacm-dev)
-need_check=(ibverbs-utils perftest iproute2 procps tshark)
+need_check=(ibverbs-utils rdmacm-utils perftest iproute2 procps tshark)
 need_bench=(ucx-utils libfabric-bin iperf3 sockperf)
 need_fuzz=(clang libclang-rt-14-dev)
 have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
