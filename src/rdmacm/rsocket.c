@@ -1821,6 +1821,28 @@ static int rs_send_error(struct rsocket *rs)
 	return EPIPE;
 }
 
+/* The arguments of a send or receive call: 0 and their total length, or
+ * the errno to fail with. */
+static int rs_iov_check(const struct iovec *iov, int iovcnt, int flags,
+			size_t *total)
+{
+	*total = 0;
+	if (iovcnt < 0 || iovcnt > IOV_MAX)
+		return EINVAL;
+	if (iovcnt && !iov)
+		return EFAULT;
+	if (flags & (MSG_OOB | MSG_ERRQUEUE))
+		return EOPNOTSUPP;
+	for (int i = 0; i < iovcnt; i++) {
+		if (iov[i].iov_len && !iov[i].iov_base)
+			return EFAULT;
+		if (iov[i].iov_len > SSIZE_MAX - *total)
+			return EINVAL;
+		*total += iov[i].iov_len;
+	}
+	return 0;
+}
+
 static ssize_t rs_sendv(int socket, const struct iovec *iov, int iovcnt,
 			int flags)
 {
@@ -1828,21 +1850,13 @@ static ssize_t rs_sendv(int socket, const struct iovec *iov, int iovcnt,
 	struct rs_iter it = { iov, iovcnt, 0 };
 	size_t total = 0, sent = 0;
 	bool nonblock;
-	int i, ret = 0;
+	int ret = 0;
 
 	if (!rs)
 		return -1;
-	if (iovcnt < 0 || iovcnt > IOV_MAX || (iovcnt && !iov))
-		return set_errno(iovcnt < 0 || iovcnt > IOV_MAX ? EINVAL : EFAULT);
-	if (flags & (MSG_OOB | MSG_ERRQUEUE))
-		return set_errno(EOPNOTSUPP);
-	for (i = 0; i < iovcnt; i++) {
-		if (iov[i].iov_len && !iov[i].iov_base)
-			return set_errno(EFAULT);
-		if (iov[i].iov_len > SSIZE_MAX - total)
-			return set_errno(EINVAL);
-		total += iov[i].iov_len;
-	}
+	ret = rs_iov_check(iov, iovcnt, flags, &total);
+	if (ret)
+		return set_errno(ret);
 	pthread_mutex_lock(&rs->lock);
 	nonblock = rs->nonblock || (flags & MSG_DONTWAIT);
 	ret = rs_wait_connected(rs, nonblock);
@@ -1946,17 +1960,9 @@ static ssize_t rs_recvv(int socket, const struct iovec *iov, int iovcnt,
 
 	if (!rs)
 		return -1;
-	if (iovcnt < 0 || iovcnt > IOV_MAX || (iovcnt && !iov))
-		return set_errno(iovcnt < 0 || iovcnt > IOV_MAX ? EINVAL : EFAULT);
-	if (flags & (MSG_OOB | MSG_ERRQUEUE))
-		return set_errno(EOPNOTSUPP);
-	for (i = 0; i < iovcnt; i++) {
-		if (iov[i].iov_len && !iov[i].iov_base)
-			return set_errno(EFAULT);
-		if (iov[i].iov_len > SSIZE_MAX - total)
-			return set_errno(EINVAL);
-		total += iov[i].iov_len;
-	}
+	ret = rs_iov_check(iov, iovcnt, flags, &total);
+	if (ret)
+		return set_errno(ret);
 	pthread_mutex_lock(&rs->lock);
 	nonblock = rs->nonblock || (flags & MSG_DONTWAIT);
 	ret = rs_wait_connected(rs, nonblock);
