@@ -249,7 +249,8 @@ run_pair() {
 
 # pair_result NAME PATTERN [CHECKFN]: PASS if both sides exited 0, the client
 # log matches the extended regex PATTERN (no check if PATTERN is empty) and,
-# if given, `CHECKFN CLIENT_LOG` succeeds.
+# if given, `CHECKFN CLIENT_LOG` succeeds.  PAIR_NOTE is added to the PASS
+# line; PAIR_SHOW names the function that shows the logs of a failure.
 pair_result() {
     local name=$1 pat=$2 fn=${3:-} why=""
     if [ "$PAIR_SRV_RC" -ne 0 ]; then why="server exit status $PAIR_SRV_RC"; fi
@@ -262,12 +263,12 @@ pair_result() {
         why="client output fails check $fn"
     fi
     if [ -z "$why" ]; then
-        pass "$name (${PAIR_SECS:-?} s)"
+        pass "$name (${PAIR_SECS:-?} s${PAIR_NOTE:+, $PAIR_NOTE})"
         return 0
     fi
     fail "$name" "$why"
-    show_log "$PAIR_SRV_LOG" "server output"
-    show_log "$PAIR_CLI_LOG" "client output"
+    "${PAIR_SHOW:-show_log}" "$PAIR_SRV_LOG" "server output"
+    "${PAIR_SHOW:-show_log}" "$PAIR_CLI_LOG" "client output"
     return 1
 }
 

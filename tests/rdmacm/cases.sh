@@ -185,26 +185,9 @@ cm_show_log() {
     tail -n 25 "$1" 2>/dev/null | cut -c 1-160 | sed 's/^/  | /'
 }
 
-# cm_result NAME PATTERN CHECKFN: pair_result with cm_show_log.
+# cm_result NAME PATTERN CHECKFN: pair_result with cm_show_log and CM_NOTE.
 cm_result() {
-    local name=$1 pat=$2 fn=${3:-} why=""
-    if [ "$PAIR_SRV_RC" -ne 0 ]; then why="server exit status $PAIR_SRV_RC"; fi
-    if [ "$PAIR_CLI_RC" -eq -1 ]; then why="${why:+$why, }client not started"
-    elif [ "$PAIR_CLI_RC" -ne 0 ]; then why="${why:+$why, }client exit status $PAIR_CLI_RC"; fi
-    if [ -z "$why" ] && [ -n "$pat" ] && ! grep -qE "$pat" "$PAIR_CLI_LOG"; then
-        why="client output lacks /$pat/"
-    fi
-    if [ -z "$why" ] && [ -n "$fn" ] && ! "$fn" "$PAIR_CLI_LOG"; then
-        why="client output fails check $fn"
-    fi
-    if [ -z "$why" ]; then
-        pass "$name (${PAIR_SECS:-?} s${CM_NOTE:+, $CM_NOTE})"
-        return 0
-    fi
-    fail "$name" "$why"
-    cm_show_log "$PAIR_SRV_LOG" "server output"
-    cm_show_log "$PAIR_CLI_LOG" "client output"
-    return 1
+    PAIR_NOTE=${CM_NOTE:-} PAIR_SHOW=cm_show_log pair_result "$@"
 }
 
 # perftest -R: the server's rdma_listen for the test connection comes after a
