@@ -60,9 +60,9 @@ void *urdma_space_ptr(struct urdma_peer *peer, uint64_t va, uint64_t *avail)
  * stores some bytes twice (overlapping vector stores at the ends); a target
  * that polls a byte of its buffer, sees it arrive and writes it again could
  * then see it change back, which an RNIC never does.  A loop of 16-byte
- * stores, then words, then bytes, costs about what memcpy does here
- * (cache-hot, 1 MiB and 64 B; rep movsb, the other candidate, took 6 and
- * 12 times as long).
+ * stores, then words, then bytes, takes 0.5-1.5 times memcpy's time here,
+ * cache-hot, best of 5 (8 B 1.4 vs 2.8 ns, 4 KiB 77 vs 51 ns, 1 MiB 26.7
+ * vs 22.9 us); rep movsb, the other candidate, took 6-12 times as long.
  */
 typedef uint64_t copy_vec __attribute__((vector_size(16)));
 
