@@ -3035,12 +3035,6 @@ RS_EXPORT size_t riowrite(int socket, const void *buf, size_t count, off_t offse
 			continue;
 		done += chunk;
 	}
-	/* The application is likely to wait for the peer's riowrite by
-	 * polling memory, not the CQ: arming says so.  Without it riostream
-	 * over urdma's TCP transport stalls with both sides spinning on
-	 * memory (cause not found yet; see issue 4's notes). */
-	if (done && rs->cq && !rs->conn_dead)
-		ibv_req_notify_cq(rs->cq, 0);
 out:
 	pthread_mutex_unlock(&rs->lock);
 	if (ret)

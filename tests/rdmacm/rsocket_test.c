@@ -838,7 +838,7 @@ static void io_server(struct t_peer *p, void *arg)
 	CHECK(!memcmp(msg, "done", 4), "message");
 	CHECK(t_pattern_check(buf, IOLEN, 11) < 0, "riowrite data differs at %ld",
 	      t_pattern_check(buf, IOLEN, 11));
-	/* the client writes the last byte alone; we poll on it, as riostream */
+	/* we poll on the last byte of the client's riowrite, as riostream */
 	{
 		volatile unsigned char *pb = buf + 999;
 		uint64_t t0 = t_now_ms();

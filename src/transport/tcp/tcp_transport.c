@@ -1624,6 +1624,9 @@ static int conn_start(struct tcp_conn *c)
 }
 
 #define POLLING_NS 200000ull
+/* Two polls this close belong to one poll loop (a poll that receives
+ * nothing costs one recv, well under 1 us here). */
+#define TIGHT_POLL_NS 5000ull
 
 /* An application thread polled this connection within the last 200 us. */
 static bool app_polling(struct tcp_conn *c)
@@ -2079,19 +2082,27 @@ static void tcp_poll(struct urdma_qp *qp)
 
 	if (!c || atomic_load(&c->state) != C_UP)
 		return;
-	uint64_t seen;
+	uint64_t seen, now = urdma_now_ns();
+	uint64_t prev = atomic_load_explicit(&c->last_poll_ns,
+					     memory_order_relaxed);
 	bool quiet;
 
-	atomic_store_explicit(&c->last_poll_ns, urdma_now_ns(),
-			      memory_order_relaxed);
+	atomic_store_explicit(&c->last_poll_ns, now, memory_order_relaxed);
 	if (pthread_mutex_trylock(&c->rx_lock))
 		return;
 	seen = c->rx_bytes;
 	rx_locked(c);
-	c->quiet_polls = c->rx_bytes == seen ? c->quiet_polls + 1 : 0;
-	/* Two polls that found nothing: the application waits here (park).
-	 * Answers held back go with its next message; one that waits is
-	 * not answering: send them now. */
+	/* Polls that find nothing, back to back (a poll loop, not one poll
+	 * per call of an application that then spins on memory). */
+	if (c->rx_bytes != seen)
+		c->quiet_polls = 0;
+	else if (now - prev < TIGHT_POLL_NS)
+		c->quiet_polls++;
+	else
+		c->quiet_polls = 1;
+	/* Two of them: the application waits here (park).  Answers held back
+	 * go with its next message; one that waits is not answering: send
+	 * them now. */
 	quiet = c->quiet_polls >= 2;
 	/* Not while the CQ is armed: the application is about to sleep. */
 	conn_park(c, quiet && c->qp && !atomic_load(&c->qp->shm->notify));
