@@ -353,13 +353,17 @@ static void cq_progress_sends(struct urdma_cq *cq)
  * receive path completes WRs into CQs. */
 static void cq_poll_transports(struct urdma_cq *cq)
 {
+	const struct urdma_transport_ops *trs[8];
 	struct urdma_qp *qps[8], *qp;
 	int n = 0;
 
+	/* The transport is read under the lock, once: qp_disconnect clears
+	 * qp->tr before it waits for the pollers counted here. */
 	pthread_mutex_lock(&cq->lock);
 	list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
 		if (n < 8 && qp->tr && qp->tr->poll) {
 			atomic_fetch_add(&qp->pollers, 1);
+			trs[n] = qp->tr;
 			qps[n++] = qp;
 		}
 	}
@@ -367,12 +371,13 @@ static void cq_poll_transports(struct urdma_cq *cq)
 		if (n < 8 && qp->tr && qp->tr->poll &&
 		    to_ucq(qp->ibqp.recv_cq) != cq) {
 			atomic_fetch_add(&qp->pollers, 1);
+			trs[n] = qp->tr;
 			qps[n++] = qp;
 		}
 	}
 	pthread_mutex_unlock(&cq->lock);
 	for (int i = 0; i < n; i++) {
-		qps[i]->tr->poll(qps[i]);
+		trs[i]->poll(qps[i]);
 		atomic_fetch_sub(&qps[i]->pollers, 1);
 	}
 }

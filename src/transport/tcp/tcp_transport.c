@@ -1773,8 +1773,10 @@ static void tcp_disconnect(struct urdma_qp *qp)
 	if (l)
 		l->reg[qp->ibqp.qp_num & 0xff].ready = false;
 	if (c) {
-		zr_send(c); /* a peer may wait for these to complete its WRs */
+		/* closing first: a peer that reads nothing must not hold us in
+		 * tx_all.  The answers a peer waits for go if they can. */
 		atomic_store(&c->closing, true);
+		zr_send(c);
 		pthread_mutex_lock(&c->rx_lock);
 		c->qp = NULL;
 		pthread_mutex_unlock(&c->rx_lock);
