@@ -91,7 +91,7 @@ enum cma_state {
 	CS_REP_SENT,    /* passive: waiting for RTU */
 	CS_ESTABLISHED,
 	CS_DISCONNECTED,
-	CS_REJECTED,
+	CS_REJECTED,    /* rdma_accept then says EINVAL, not ECONNRESET */
 	CS_FAILED,
 };
 
@@ -128,7 +128,7 @@ struct cma_id {
 	uint32_t psn, qp_num;
 	uint8_t responder_resources, initiator_depth, retry_count, rnr_retry;
 	uint8_t ack_timeout, tos;
-	bool reuseaddr_set, afonly;
+	bool afonly;
 	struct cma_msg peer;
 	/* a message being received */
 	uint8_t rbuf[sizeof(struct cma_msg) + CMA_MAX_PDATA];
@@ -172,10 +172,11 @@ static uint64_t now_ns(void)
 
 /* ---- initialisation and the CM thread ----------------------------------- */
 
-static void cma_handle_io(struct cma_id *cid, uint32_t events);
+static void cma_handle_io(struct cma_id *cid);
 static void cma_expire(uint64_t now);
 static void cma_closed(struct cma_id *cid, int e);
 static void cma_qp_error(struct cma_id *cid);
+static void cma_id_free(struct cma_id *cid);
 
 static int cma_next_timeout_ms(void)
 {
@@ -223,7 +224,7 @@ static void *cma_thread(void *arg)
 			}
 			cid = cma_find(evs[i].data.u64);
 			if (cid)
-				cma_handle_io(cid, evs[i].events);
+				cma_handle_io(cid);
 		}
 		cma_expire(now_ns());
 	}
@@ -831,7 +832,9 @@ EXPORT int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src_addr,
 	memcpy(&id->route.addr.dst_storage, dst_addr, sa_len(dst_addr));
 	e = cma_route_lookup(dst_addr, &src);
 	if (!e && cid->state == CS_IDLE) {
-		((struct sockaddr_in *)&src)->sin_port = 0; /* same offset in v6 */
+		/* A wildcard src may still name the port (same offset in v6). */
+		((struct sockaddr_in *)&src)->sin_port =
+			src_addr ? sa_port(src_addr) : 0;
 		if (cma_bind_locked(cid, (struct sockaddr *)&src))
 			e = -errno;
 	}
@@ -848,7 +851,6 @@ EXPORT int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src_addr,
 			sa_to_gid(&id->route.addr.src_addr, &id->route.addr.addr.ibaddr.sgid);
 			id->verbs = cma_ctx;
 		}
-		sa_to_gid(&id->route.addr.dst_addr, &id->route.addr.addr.ibaddr.dgid);
 		cid->state = CS_ADDR_RESOLVED;
 		cma_post(cid, RDMA_CM_EVENT_ADDR_RESOLVED, 0, NULL);
 	}
@@ -1237,7 +1239,8 @@ fail:
 
 static bool cma_pdata_ok(const struct rdma_conn_param *p)
 {
-	return !p || p->private_data_len <= CMA_MAX_PDATA;
+	return !p || (p->private_data_len <= CMA_MAX_PDATA &&
+		      (!p->private_data_len || p->private_data));
 }
 
 static void cma_take_param(struct cma_id *cid, const struct rdma_conn_param *p,
@@ -1458,10 +1461,8 @@ static void cma_accept_one(struct cma_id *lis)
 	cid->ack_timeout = lis->ack_timeout;
 	cma_set_route(cid, true);
 	cid->deadline_ns = now_ns() + CMA_REQ_TIMEOUT_MS * 1000000ull;
-	if (cma_watch(cid, EPOLLIN, EPOLL_CTL_ADD)) {
-		cma_close_fd(cid);
-		cid->state = CS_FAILED;
-	}
+	if (cma_watch(cid, EPOLLIN, EPOLL_CTL_ADD))
+		cma_id_free(cid);
 }
 
 /* Free an id the application never saw.  Under cma_lock. */
@@ -1650,7 +1651,7 @@ static void cma_closed(struct cma_id *cid, int e)
 	}
 }
 
-static void cma_handle_io(struct cma_id *cid, uint32_t events)
+static void cma_handle_io(struct cma_id *cid)
 {
 	int r;
 
@@ -1674,7 +1675,6 @@ static void cma_handle_io(struct cma_id *cid, uint32_t events)
 	}
 	if (r < 0)
 		cma_closed(cid, r);
-	(void)events;
 }
 
 static void cma_expire(uint64_t now)
@@ -1719,7 +1719,7 @@ again:
 
 EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 {
-	struct cma_id *cid, *o;
+	struct cma_id *cid, *o, *n;
 	struct cma_channel *c;
 
 	if (!id)
@@ -1735,10 +1735,16 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 	cma_drop_events(cid);
 	if (cid->state == CS_REQ_RCVD)
 		cma_send(cid, CMA_REJ, NULL, 0, CMA_REJ_CONSUMER);
-	/* Children whose requests were reported stay the application's. */
-	list_for_each_entry(o, &cma_ids, node)
-		if (o->listen == cid)
+	/* Children whose requests were reported stay the application's;
+	 * those still waiting for their REQ go with the listener. */
+	list_for_each_entry_safe(o, n, &cma_ids, node) {
+		if (o->listen != cid)
+			continue;
+		if (o->state == CS_ACCEPT_WAIT)
+			cma_id_free(o);
+		else
 			o->listen = NULL;
+	}
 	cma_close_fd(cid);
 	list_del(&cid->node);
 	c = to_cch(id->channel);
@@ -1771,6 +1777,10 @@ EXPORT int rdma_migrate_id(struct rdma_cm_id *id,
 	while (cid->outstanding)
 		pthread_cond_wait(&cma_cond, &cma_lock);
 	from = to_cch(id->channel);
+	if (from == to) {
+		pthread_mutex_unlock(&cma_lock);
+		return 0;
+	}
 	list_for_each_entry_safe(e, n, &from->events, node) {
 		if (e->owner != cid)
 			continue;
@@ -1915,10 +1925,9 @@ EXPORT int rdma_set_option(struct rdma_cm_id *id, int level, int optname,
 			cid->tos = *(uint8_t *)optval;
 		break;
 	case RDMA_OPTION_ID_REUSEADDR:
+		/* Ports are always reusable past TIME_WAIT (cma_socket). */
 		if (optlen != sizeof(int))
 			ret = cma_err(EINVAL);
-		else
-			cid->reuseaddr_set = *(int *)optval != 0;
 		break;
 	case RDMA_OPTION_ID_AFONLY:
 		if (optlen != sizeof(int) || cid->state != CS_IDLE)

@@ -302,6 +302,44 @@ static void qp_destroyed_then_peer_disconnects(void *arg)
 	end_free(&l);
 }
 
+/* A listener destroyed while a connection it accepted has not sent its REQ
+ * yet: the REQ that comes later must find nobody, not a freed listener. */
+static void listener_destroyed_before_req(void *arg)
+{
+	struct end l = { 0 };
+	struct sockaddr_in sin = test_addr(listen_on(&l));
+	unsigned char req[40] = { 'U', 'C', 'M', '1', 1 };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	REQUIRE(fd >= 0 && connect(fd, (struct sockaddr *)&sin, sizeof(sin)) == 0,
+		"raw connect to the listener: %s", strerror(errno));
+	t_sleep_ms(50); /* accepted by the CM thread, waiting for its REQ */
+	end_free(&l);
+	(void)!send(fd, req, sizeof(req), MSG_NOSIGNAL);
+	t_sleep_ms(50); /* the CM thread reads it, or the connection is gone */
+	char b;
+	CHECK(recv(fd, &b, 1, 0) <= 0, "the connection of a destroyed listener answered");
+	close(fd);
+}
+
+/* rdma_migrate_id to the channel the id already uses, with events queued. */
+static void migrate_to_same_channel(void *arg)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *id;
+	struct sockaddr_in dst = test_addr(9);
+
+	REQUIRE(ch && rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0, "create");
+	REQUIRE(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 100) == 0, "resolve");
+	REQUIRE(rdma_resolve_route(id, 100) == 0, "route");
+	CHECK(rdma_migrate_id(id, ch) == 0, "rdma_migrate_id to its own channel: %s",
+	      strerror(errno));
+	expect_ack(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+	expect_ack(ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+	rdma_destroy_id(id);
+	rdma_destroy_event_channel(ch);
+}
+
 static void reject_with_private_data(void *arg)
 {
 	struct end l = { 0 }, c = { 0 };
@@ -503,6 +541,9 @@ static void bad_arguments(void *arg)
 	REQUIRE(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 100) == 0, "resolve");
 	expect_ack(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
 	EXPECT_ERRNO(rdma_connect(id, &cp), EINVAL); /* private data too long */
+	cp.private_data = NULL;
+	cp.private_data_len = 5;
+	EXPECT_ERRNO(rdma_connect(id, &cp), EINVAL); /* a length, no data */
 	struct ibv_qp_attr qa = { .qp_state = IBV_QPS_RTR };
 	int mask;
 	EXPECT_ERRNO(rdma_init_qp_attr(id, &qa, &mask), EINVAL); /* no peer yet */
@@ -665,6 +706,8 @@ int main(int argc, char **argv)
 	t_case("bind_and_ports", bind_and_ports, NULL);
 	t_case("connect_send_disconnect", connect_send_disconnect, NULL);
 	t_case("qp_destroyed_then_peer_disconnects", qp_destroyed_then_peer_disconnects, NULL);
+	t_case("listener_destroyed_before_req", listener_destroyed_before_req, NULL);
+	t_case("migrate_to_same_channel", migrate_to_same_channel, NULL);
 	t_case("reject_with_private_data", reject_with_private_data, NULL);
 	t_case("unreachable", unreachable, NULL);
 	t_case("nonblocking_channel", nonblocking_channel, NULL);
