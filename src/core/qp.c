@@ -399,6 +399,21 @@ static void sq_set_pending(struct urdma_qp *qp, bool pending)
 	}
 }
 
+/* Is a READ or atomic before sq_head not complete yet?  Under sq_lock. */
+static bool sq_reads_pending(struct urdma_qp *qp)
+{
+	for (uint32_t i = qp->sq_comp; i != qp->sq_head; i++) {
+		struct urdma_swqe *w = sq_slot(qp, i);
+
+		if ((w->opcode == IBV_WR_RDMA_READ ||
+		     w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		     w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) &&
+		    !atomic_load_explicit(&w->done, memory_order_acquire))
+			return true;
+	}
+	return false;
+}
+
 /*
  * The engine: run WRs from the head of the SQ.  Called with sq_lock.
  *
@@ -451,9 +466,10 @@ static void sq_run(struct urdma_qp *qp)
 		}
 		if (qp->ibqp.state != IBV_QPS_RTS)
 			break; /* SQD: hold the queue */
-		/* A fenced WR waits for the READs and atomics before it. */
-		if ((wqe->send_flags & IBV_SEND_FENCE) &&
-		    qp->sq_comp != qp->sq_head)
+		/* A fenced WR waits for the READs and atomics before it
+		 * (not for Sends and Writes, which over TCP stay unconfirmed
+		 * until a later response). */
+		if ((wqe->send_flags & IBV_SEND_FENCE) && sq_reads_pending(qp))
 			break;
 		r = qp->tr ? qp->tr->execute(qp, wqe, &status) :
 			     URDMA_TX_NOT_READY;

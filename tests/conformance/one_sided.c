@@ -385,6 +385,45 @@ static void read_child(struct t_peer *p, void *arg)
 	target_close(&t);
 }
 
+/* ---- A fenced READ after unsignaled Writes ----
+ * IBV_SEND_FENCE waits for the READs and atomics before the WR, not for
+ * Writes: over TCP an unsignaled Write stays unconfirmed until a later
+ * response, and with timeout 0 (wait for ever) the fenced READ would then
+ * never start. */
+static void fence_parent(struct t_peer *p, void *arg)
+{
+	struct t_opts o = t_opts_default();
+	struct initiator in;
+
+	o.timeout = 0;
+	initiator_open(&in, 4096, &o);
+	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	t_pattern_fill(in.buf, 64, 5);
+	for (int i = 0; i < 3; i++)
+		REQUIRE(t_post_send(in.r.qp, 10 + i, IBV_WR_RDMA_WRITE, in.buf, 64, in.mr->lkey,
+				    0, in.remote.addr + 64 * i, in.remote.rkey) == 0,
+			"post unsignaled RDMA_WRITE");
+	REQUIRE(t_post_send(in.r.qp, 20, IBV_WR_RDMA_READ, in.buf + 1024, 64, in.mr->lkey,
+			    IBV_SEND_SIGNALED | IBV_SEND_FENCE, in.remote.addr + 128,
+			    in.remote.rkey) == 0, "post fenced RDMA_READ");
+	if (t_expect_wc(in.r.send_cq, NULL, 20, IBV_WC_SUCCESS, IBV_WC_RDMA_READ,
+			"the fenced READ"))
+		CHECK(!memcmp(in.buf + 1024, in.buf, 64), "the READ did not see the Write before it");
+	t_barrier(p);
+	initiator_close(&in);
+}
+
+static void fence_child(struct t_peer *p, void *arg)
+{
+	struct target t;
+
+	target_open(&t, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
+				      IBV_ACCESS_REMOTE_WRITE);
+	t_connect_pair(p, &t.r, t.mr, NULL);
+	t_barrier_timeout(p, 30000);
+	target_close(&t);
+}
+
 /* ---- Atomics ----
  * Values are 64-bit integers in the target's native byte order; the
  * original value lands in the initiator's buffer in native byte order too
@@ -772,6 +811,7 @@ int main(int argc, char **argv)
 	t_pair("iova_mr_remote_access", iova_parent, iova_child, NULL);
 	t_pair("rereg_mr_remote_write", rereg_parent, rereg_child, NULL);
 	t_pair("mixed_opcode_chain", mixed_parent, mixed_child, NULL);
+	t_pair("fenced_read_after_unsignaled_writes", fence_parent, fence_child, NULL);
 	t_pair("outstanding_reads_depth1", reads_parent, reads_child, (void *)1);
 	t_pair("outstanding_reads_depth16", reads_parent, reads_child, (void *)16);
 	t_pair("more_wrs_in_flight_than_cqes", small_cq_parent, small_cq_child, NULL);
