@@ -126,7 +126,6 @@ struct tcp_conn {
 	uint64_t write_len, last_write_len;
 	_Atomic bool stalled; /* a Send waits for a receive WR */
 	_Atomic uint64_t last_poll_ns; /* an application thread polled */
-	_Atomic bool unread;	       /* for tcp_maintain to receive */
 	uint64_t rx_bytes;     /* received so far (rx_lock) */
 	unsigned quiet_polls;  /* application polls that received nothing */
 	/* The progress thread does not watch for data: the application
@@ -1482,10 +1481,8 @@ static void conn_up(struct tcp_conn *c)
 				    &c->w, true);
 	urdma_dbg("tcp: qp %#x <-> qp %#x connected%s", c->local_qpn,
 		  c->peer_qpn, c->crc ? " (CRC)" : "");
-	/* FPDUs that came with the Reply, and WRs waiting for the stream:
-	 * for tcp_maintain and the engine, not under T.lock. */
-	if (c->rlen)
-		atomic_store(&c->unread, true);
+	/* FPDUs that came with the Reply (rbuf), and WRs waiting for the
+	 * stream: for tcp_maintain and the engine, not under T.lock. */
 	urdma_progress_kick();
 }
 
@@ -2046,10 +2043,10 @@ static bool tcp_maintain(struct urdma_qp *qp)
 			unc_settle(c, c->unc_head, IBV_WC_WR_FLUSH_ERR);
 		}
 	} else {
-		/* FPDUs that came with the MPA Reply, a parked stream whose
-		 * application stopped polling (or will sleep on its CQ), or a
-		 * Send waiting for a receive. */
-		bool unread = atomic_exchange(&c->unread, false);
+		/* Bytes in rbuf (FPDUs that came with the MPA Reply, or part
+		 * of one), a parked stream whose application stopped polling
+		 * (or will sleep on its CQ), or a Send waiting for a receive. */
+		bool unread = c->rlen != 0;
 
 		if (atomic_load(&c->parked) &&
 		    (!app_polling(c) || atomic_load(&qp->shm->notify))) {
