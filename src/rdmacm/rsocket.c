@@ -1677,35 +1677,24 @@ static void iter_skip_empty(struct rs_iter *it)
 	}
 }
 
-/* Copy len bytes from the iterator to dst. */
-static void iter_to_buf(struct rs_iter *it, uint8_t *dst, size_t len)
+/* Copy len bytes between buf and the iterator: out of the iovecs into buf
+ * (to_buf), or from buf into them. */
+static void iter_copy(struct rs_iter *it, uint8_t *buf, size_t len, bool to_buf)
 {
 	while (len) {
+		uint8_t *at;
 		size_t n;
 
 		iter_skip_empty(it);
 		n = it->iov->iov_len - it->off;
 		if (n > len)
 			n = len;
-		memcpy(dst, (const uint8_t *)it->iov->iov_base + it->off, n);
-		dst += n;
-		it->off += n;
-		len -= n;
-	}
-}
-
-/* Copy len bytes from src into the iterator. */
-static void iter_from_buf(struct rs_iter *it, const uint8_t *src, size_t len)
-{
-	while (len) {
-		size_t n;
-
-		iter_skip_empty(it);
-		n = it->iov->iov_len - it->off;
-		if (n > len)
-			n = len;
-		memcpy((uint8_t *)it->iov->iov_base + it->off, src, n);
-		src += n;
+		at = (uint8_t *)it->iov->iov_base + it->off;
+		if (to_buf)
+			memcpy(buf, at, n);
+		else
+			memcpy(at, buf, n);
+		buf += n;
 		it->off += n;
 		len -= n;
 	}
@@ -1756,13 +1745,13 @@ static int rs_post_data(struct rsocket *rs, struct rs_iter *it, size_t len,
 
 		if (first > len)
 			first = len;
-		iter_to_buf(it, rs->sbuf + pos, first);
+		iter_copy(it, rs->sbuf + pos, first, true);
 		sge[0].addr = (uintptr_t)(rs->sbuf + pos);
 		sge[0].length = (uint32_t)first;
 		sge[0].lkey = rs->lmr->lkey;
 		wr.num_sge = 1;
 		if (first < len) {
-			iter_to_buf(it, rs->sbuf, len - first);
+			iter_copy(it, rs->sbuf, len - first, true);
 			sge[1].addr = (uintptr_t)rs->sbuf;
 			sge[1].length = (uint32_t)(len - first);
 			sge[1].lkey = rs->lmr->lkey;
@@ -2008,10 +1997,10 @@ static ssize_t rs_recvv(int socket, const struct iovec *iov, int iovcnt,
 		if (n > rs->rbuf_size - pos) {
 			uint64_t first = rs->rbuf_size - pos;
 
-			iter_from_buf(&it, rs->rbuf + pos, first);
-			iter_from_buf(&it, rs->rbuf, n - first);
+			iter_copy(&it, rs->rbuf + pos, first, false);
+			iter_copy(&it, rs->rbuf, n - first, false);
 		} else {
-			iter_from_buf(&it, rs->rbuf + pos, n);
+			iter_copy(&it, rs->rbuf + pos, n, false);
 		}
 		got += n;
 		if (!peek) {
@@ -2460,7 +2449,8 @@ RS_EXPORT int rclose(int socket)
 /* Addresses                                                          */
 /* ------------------------------------------------------------------ */
 
-RS_EXPORT int rgetpeername(int socket, struct sockaddr *addr, socklen_t *addrlen)
+static int rs_getname(int socket, struct sockaddr *addr, socklen_t *addrlen,
+		      bool peer)
 {
 	struct rsocket *rs = rs_get(socket);
 
@@ -2469,28 +2459,26 @@ RS_EXPORT int rgetpeername(int socket, struct sockaddr *addr, socklen_t *addrlen
 	if (!addr || !addrlen)
 		return set_errno(EFAULT);
 	pthread_mutex_lock(&rs->lock);
-	if (rs->state != RS_CONNECTED) {
+	if (peer && rs->state != RS_CONNECTED) {
 		pthread_mutex_unlock(&rs->lock);
 		return set_errno(ENOTCONN);
 	}
-	rs_copy_addr(addr, addrlen, rdma_get_peer_addr(rs->id), rs->domain);
+	rs_copy_addr(addr, addrlen,
+		     peer ? rdma_get_peer_addr(rs->id) :
+		     rs->id ? rdma_get_local_addr(rs->id) : NULL,
+		     rs->domain);
 	pthread_mutex_unlock(&rs->lock);
 	return 0;
 }
 
+RS_EXPORT int rgetpeername(int socket, struct sockaddr *addr, socklen_t *addrlen)
+{
+	return rs_getname(socket, addr, addrlen, true);
+}
+
 RS_EXPORT int rgetsockname(int socket, struct sockaddr *addr, socklen_t *addrlen)
 {
-	struct rsocket *rs = rs_get(socket);
-
-	if (!rs)
-		return -1;
-	if (!addr || !addrlen)
-		return set_errno(EFAULT);
-	pthread_mutex_lock(&rs->lock);
-	rs_copy_addr(addr, addrlen, rs->id ? rdma_get_local_addr(rs->id) : NULL,
-		     rs->domain);
-	pthread_mutex_unlock(&rs->lock);
-	return 0;
+	return rs_getname(socket, addr, addrlen, false);
 }
 
 /* ------------------------------------------------------------------ */
