@@ -303,7 +303,7 @@ struct rsocket {
 	struct rs_iomap_msg *iomap_q, *iomap_q_tail;
 
 	/* adaptive spinning */
-	int spin_miss;
+	_Atomic int spin_miss; /* a hint, also read and written by rpoll without rs->lock */
 };
 
 /* ------------------------------------------------------------------ */
