@@ -99,6 +99,8 @@ struct cma_channel {
 	struct rdma_event_channel ch;
 	struct list_head events;
 	int nids;
+	int waiters;   /* threads inside rdma_get_cm_event */
+	bool closed;   /* destroyed while waiters were inside */
 	bool readable; /* the eventfd's count is 1 */
 	bool sync;     /* private to one synchronous id */
 };
@@ -374,6 +376,15 @@ EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *channel)
 		pthread_mutex_unlock(&cma_lock);
 		return;
 	}
+	if (c->waiters) {
+		/* A thread still waits in rdma_get_cm_event (rping's CM
+		 * thread at exit does).  With the kernel's CM it would stay
+		 * blocked in read() until the process ends: so here, and the
+		 * channel stays allocated for it. */
+		c->closed = true;
+		pthread_mutex_unlock(&cma_lock);
+		return;
+	}
 	pthread_mutex_unlock(&cma_lock);
 	cma_channel_free(c);
 }
@@ -421,12 +432,12 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel,
 	if (!channel || !event)
 		return cma_err(EINVAL);
 	c = to_cch(channel);
+	pthread_mutex_lock(&cma_lock);
 	for (;;) {
 		struct pollfd pfd = { .fd = channel->fd, .events = POLLIN };
-		int fl;
+		int fl, r;
 
-		pthread_mutex_lock(&cma_lock);
-		if (!list_empty(&c->events)) {
+		if (!c->closed && !list_empty(&c->events)) {
 			struct cma_event *e = list_entry(c->events.next,
 							 struct cma_event, node);
 
@@ -439,14 +450,19 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel,
 			*event = &e->ev;
 			return 0;
 		}
+		c->waiters++;
 		pthread_mutex_unlock(&cma_lock);
 		fl = fcntl(channel->fd, F_GETFL);
-		if (fl < 0)
-			return -1;
-		if (fl & O_NONBLOCK)
-			return cma_err(EAGAIN);
-		if (poll(&pfd, 1, -1) < 0)
-			return -1;
+		r = fl < 0 ? -1 : (fl & O_NONBLOCK) ? cma_err(EAGAIN) :
+						       poll(&pfd, 1, -1);
+		pthread_mutex_lock(&cma_lock);
+		c->waiters--;
+		if (r < 0) {
+			int e = errno;
+
+			pthread_mutex_unlock(&cma_lock);
+			return cma_err(e);
+		}
 	}
 }
 
