@@ -1,22 +1,43 @@
 // SPDX-License-Identifier: MIT
 /*
- * CRC32c.  With SSE4.2, the crc32 instruction on three interleaved streams
- * (its latency is three cycles, its throughput one per cycle), the three
- * partial CRCs joined with precomputed "shift by n zero bytes" operators;
- * otherwise a byte table.
+ * CRC32c.  Three implementations, the fastest the CPU has chosen once:
  *
- * Joining: the CRC register is affine in the data, so for blocks A, B, C
- * of which B and C are BLOCK bytes long,
+ *  - AVX-512 with VPCLMULQDQ: carry-less multiplication folds the data
+ *    256 bytes per round into four 512-bit accumulators (16 independent
+ *    128-bit lanes); the crc32 instruction finishes the last 16 bytes.
+ *  - SSE4.2: the crc32 instruction on three interleaved streams (its
+ *    latency is three cycles, its throughput one per cycle), the three
+ *    partial CRCs joined with precomputed "shift by n zero bytes" operators.
+ *  - otherwise a byte table.
+ *
+ * Both fast paths rest on the same algebra.  With reflected bit order and
+ * no final inversion, update(0, M) = M(x) x^32 mod P: linear in M, and it
+ * only depends on M(x) mod P.  update(r, M) is update(0, M) with r xored
+ * into M's first four bytes.
+ *
+ * Joining (SSE4.2): for blocks A, B, C of which B and C are BLOCK bytes,
  *   update(r, A B C) = Z(2 BLOCK) update(r, A)  ^  Z(BLOCK) update(0, B)
  *                      ^ update(0, C)
  * where Z(n) x = update(x, n zero bytes) is linear in x: a 32x32 bit
  * matrix, applied as four byte-indexed tables.
+ *
+ * Folding (VPCLMULQDQ): a 16-byte lane X = H x^64 + L (H its first eight
+ * bytes) followed by S more bytes contributes X x^(8S) to M(x), and
+ *   X x^(8S) == H (x^(64+8S) mod P) + L (x^(8S) mod P)   (mod P),
+ * a polynomial of degree below 96: it can be xored into the lane S bytes
+ * further on instead.  In reflected order a carry-less product of two
+ * 64-bit operands comes out multiplied by x, so the constants are
+ * x^(64+8S-1) mod P and x^(8S-1) mod P, computed at start-up.
  */
 #include "transport/tcp/crc32c.h"
 
 #include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
-#define BLOCK 1024 /* bytes per stream per round */
+#define BLOCK 1024 /* bytes per stream per round (SSE4.2) */
+#define POLY 0x1edc6f41u /* P(x) - x^32, normal bit order */
 
 static uint32_t table[256];
 
@@ -29,8 +50,10 @@ static uint32_t crc32c_sw(uint32_t crc, const uint8_t *p, size_t len)
 
 #if defined(__x86_64__)
 static uint32_t zeros[2][4][256]; /* Z(BLOCK), Z(2 BLOCK) by byte */
-static int hw;
-
+/* Folding constants for S = 256, 64 and 16 bytes: x^(64+8S-1) mod P for
+ * a lane's first eight bytes, x^(8S-1) mod P for its last eight, each
+ * reflected into 64 bits. */
+static uint64_t fold_k[3][2];
 __attribute__((target("sse4.2"))) static uint32_t
 crc32c_hw1(uint32_t crc, const uint8_t *p, size_t len)
 {
@@ -80,7 +103,81 @@ crc32c_hw(uint32_t crc, const uint8_t *p, size_t len)
 	}
 	return crc32c_hw1(crc, p, len);
 }
+/* Fold a (lanes X) forward by the distance of k, onto next. */
+__attribute__((target("avx512f,vpclmulqdq"))) static inline __m512i
+fold512(__m512i a, __m512i k, __m512i next)
+{
+	return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(a, k, 0x00),
+					 _mm512_clmulepi64_epi128(a, k, 0x11),
+					 next, 0x96);
+}
+
+__attribute__((target("pclmul"))) static inline __m128i
+fold128(__m128i a, __m128i k, __m128i next)
+{
+	return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(a, k, 0x00),
+					   _mm_clmulepi64_si128(a, k, 0x11)),
+			     next);
+}
+
+__attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2"))) static uint32_t
+crc32c_fold(uint32_t crc, const uint8_t *p, size_t len)
+{
+	__m512i a0, a1, a2, a3, k;
+	__m128i x, k16;
+
+	if (len < 256)
+		return crc32c_hw1(crc, p, len);
+	a0 = _mm512_loadu_si512(p);
+	a1 = _mm512_loadu_si512(p + 64);
+	a2 = _mm512_loadu_si512(p + 128);
+	a3 = _mm512_loadu_si512(p + 192);
+	a0 = _mm512_mask_xor_epi32(a0, 1, a0, _mm512_set1_epi32((int)crc));
+	k = _mm512_broadcast_i32x4(_mm_loadu_si128((const void *)fold_k[0]));
+	for (p += 256, len -= 256; len >= 256; p += 256, len -= 256) {
+		a0 = fold512(a0, k, _mm512_loadu_si512(p));
+		a1 = fold512(a1, k, _mm512_loadu_si512(p + 64));
+		a2 = fold512(a2, k, _mm512_loadu_si512(p + 128));
+		a3 = fold512(a3, k, _mm512_loadu_si512(p + 192));
+	}
+	k = _mm512_broadcast_i32x4(_mm_loadu_si128((const void *)fold_k[1]));
+	a1 = fold512(a0, k, a1);
+	a2 = fold512(a1, k, a2);
+	a3 = fold512(a2, k, a3);
+	k16 = _mm_loadu_si128((const void *)fold_k[2]);
+	x = _mm512_extracti32x4_epi32(a3, 0);
+	x = fold128(x, k16, _mm512_extracti32x4_epi32(a3, 1));
+	x = fold128(x, k16, _mm512_extracti32x4_epi32(a3, 2));
+	x = fold128(x, k16, _mm512_extracti32x4_epi32(a3, 3));
+	crc = (uint32_t)_mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(x));
+	crc = (uint32_t)_mm_crc32_u64(crc, (uint64_t)_mm_extract_epi64(x, 1));
+	return crc32c_hw1(crc, p, len);
+}
+
+/* x^n mod P, reflected into 64 bits (x^i at bit 63 - i). */
+static uint64_t xpow_reflected(unsigned n)
+{
+	uint64_t r = 1, out = 0;
+
+	while (n--)
+		r = r & 0x80000000u ? (r << 1 ^ POLY) & 0xffffffffu : r << 1;
+	for (int i = 0; i < 32; i++)
+		if (r >> i & 1)
+			out |= 1ull << (63 - i);
+	return out;
+}
 #endif
+
+
+static const struct urdma_crc32c_impl impls[] = {
+#if defined(__x86_64__)
+	{ "avx512-vpclmulqdq", crc32c_fold },
+	{ "sse4.2", crc32c_hw },
+#endif
+	{ "table", crc32c_sw },
+};
+static int n_usable; /* impls[first .. ] run here */
+static int first;
 
 __attribute__((constructor)) static void crc32c_init(void)
 {
@@ -91,10 +188,12 @@ __attribute__((constructor)) static void crc32c_init(void)
 			c = c & 1 ? (c >> 1) ^ 0x82f63b78u : c >> 1;
 		table[i] = c;
 	}
+	first = (int)(sizeof(impls) / sizeof(impls[0])) - 1;
 #if defined(__x86_64__)
-	hw = __builtin_cpu_supports("sse4.2");
-	if (hw) {
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("sse4.2")) {
 		static const uint8_t zero[2 * BLOCK];
+		static const unsigned dist[3] = { 256, 64, 16 };
 		uint32_t col[2][32];
 
 		for (int k = 0; k < 2; k++)
@@ -111,15 +210,27 @@ __attribute__((constructor)) static void crc32c_init(void)
 							x ^= col[k][byte * 8 + b];
 					zeros[k][byte][v] = x;
 				}
+		for (int i = 0; i < 3; i++) {
+			fold_k[i][0] = xpow_reflected(64 + 8 * dist[i] - 1);
+			fold_k[i][1] = xpow_reflected(8 * dist[i] - 1);
+		}
+		first = 1;
+		if (__builtin_cpu_supports("avx512f") &&
+		    __builtin_cpu_supports("vpclmulqdq") &&
+		    __builtin_cpu_supports("pclmul"))
+			first = 0;
 	}
 #endif
+	n_usable = (int)(sizeof(impls) / sizeof(impls[0])) - first;
 }
 
 uint32_t urdma_crc32c_update(uint32_t crc, const void *buf, size_t len)
 {
-#if defined(__x86_64__)
-	if (hw)
-		return crc32c_hw(crc, buf, len);
-#endif
-	return crc32c_sw(crc, buf, len);
+	return impls[first].update(crc, buf, len);
+}
+
+int urdma_crc32c_impls(const struct urdma_crc32c_impl **list)
+{
+	*list = impls + first;
+	return n_usable;
 }
