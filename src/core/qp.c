@@ -414,6 +414,9 @@ static bool sq_reads_pending(struct urdma_qp *qp)
 	return false;
 }
 
+/* The QP whose engine this thread is running a WR of (sq_run). */
+static __thread struct urdma_qp *running_qp;
+
 /*
  * The engine: run WRs from the head of the SQ.  Called with sq_lock.
  *
@@ -471,8 +474,10 @@ static void sq_run(struct urdma_qp *qp)
 		 * until a later response). */
 		if ((wqe->send_flags & IBV_SEND_FENCE) && sq_reads_pending(qp))
 			break;
+		running_qp = qp;
 		r = qp->tr ? qp->tr->execute(qp, wqe, &status) :
 			     URDMA_TX_NOT_READY;
+		running_qp = NULL;
 		if (r == URDMA_TX_POSTED) {
 			qp->sq_head++;
 			continue;
@@ -510,6 +515,11 @@ void urdma_qp_wr_mark(struct urdma_qp *qp, uint32_t idx,
 void urdma_qp_wr_kick(struct urdma_qp *qp)
 {
 	atomic_store(&qp->sq_async, 1);
+	/* Marked from inside a WR's execution (the sending thread took the
+	 * answers): the engine retires it when that returns, or the QP is
+	 * pending and retried. */
+	if (running_qp == qp)
+		return;
 	if (pthread_mutex_trylock(&qp->sq_lock)) {
 		urdma_progress_kick(); /* the holder may have passed it */
 		return;

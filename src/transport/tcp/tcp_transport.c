@@ -43,8 +43,10 @@
 #include "util/log.h"
 
 #define RBUF_SIZE (256 * 1024)
-#define ZR_MAX 16 /* answers to zero-length Reads held back */
 #define TX_IOV 64
+#define RSP_SEGS 8	     /* FPDUs per non-blocking response write */
+#define RSP_TAKE 8	     /* data-less responses sent with a message */
+#define RSP_MAX (1u << 16) /* queued responses before the peer is cut off */
 /* Accepted connections still in their handshake hold an fd and a buffer
  * each: at most this many, for at most this long. */
 #define PENDING_MAX 64
@@ -97,6 +99,16 @@ struct tx_seg {
 	uint32_t hlen, tlen; /* bytes used in hdr and trailer */
 };
 
+/* A response queued by the receive path: a Read Response (from va, off
+ * bytes of len sent so far) or a control message (hdr is all of it). */
+struct tcp_rsp {
+	uint8_t hdr[sizeof(struct ddp_untagged_hdr) +
+		    sizeof(struct rdmap_atomic_resp)];
+	uint32_t hlen, len;
+	uint64_t va, off;
+	bool read;
+};
+
 struct tcp_conn {
 	struct urdma_watcher w;
 	struct list_head node; /* in T.pending while being set up */
@@ -131,14 +143,26 @@ struct tcp_conn {
 	/* The progress thread does not watch for data: the application
 	 * polls (conn_park, under rx_lock). */
 	_Atomic bool parked;
+	/* Parked for the length of a long send by the sending thread, which
+	 * then takes what came meanwhile (tx_park, under rx_lock). */
+	_Atomic bool tx_parked;
 	/* send side, under tx_lock */
 	uint32_t tx_msn[DDP_NUM_QN];
 	struct tx_seg tx_tail; /* an FPDU to send with the next message's end */
-	/* Answers to zero-length Reads (flushes), held back to go out with
-	 * the next message (zr_take) */
-	uint32_t zr_stag[ZR_MAX];
-	uint64_t zr_to[ZR_MAX];
-	int nzr;
+	/* The unsent end of an FPDU that a non-blocking write cut: it goes
+	 * before anything else. */
+	uint8_t *res;
+	uint32_t res_off, res_len;
+	/* Responses, in order (rsp_lock; sent under tx_lock, rsp_pump).
+	 * rsp_n counts them and a cut FPDU. */
+	pthread_mutex_t rsp_lock;
+	struct tcp_rsp *rsp;
+	uint32_t rsp_head, rsp_tail, rsp_size;
+	_Atomic uint32_t rsp_n;
+	/* The progress thread watches for room to send them (EPOLLOUT);
+	 * the watch's events change under watch_lock (conn_watch). */
+	_Atomic bool want_out;
+	pthread_mutex_t watch_lock;
 	unsigned timeout_ms; /* TCP_USER_TIMEOUT set, + 1 (0: never set) */
 	/* outstanding Reads and atomics, unconfirmed messages: ord_lock */
 	struct tcp_ord ord[URDMA_MAX_RD_ATOM];
@@ -188,6 +212,8 @@ static bool want_crc(void)
 static void conn_cb(struct urdma_watcher *w, uint32_t events);
 static void conn_release(struct urdma_watcher *w);
 static void rx_locked(struct tcp_conn *c);
+static void conn_park(struct tcp_conn *c, bool park);
+static void tx_unpark_try(struct tcp_conn *c);
 
 /* ---- listeners and QP numbers ---- */
 
@@ -224,6 +250,8 @@ static struct tcp_conn *conn_new(int fd)
 	pthread_mutex_init(&c->rx_lock, NULL);
 	pthread_mutex_init(&c->tx_lock, NULL);
 	pthread_mutex_init(&c->ord_lock, NULL);
+	pthread_mutex_init(&c->rsp_lock, NULL);
+	pthread_mutex_init(&c->watch_lock, NULL);
 	list_init(&c->node);
 	return c;
 }
@@ -236,6 +264,8 @@ static void conn_release(struct urdma_watcher *w)
 		close(c->fd);
 	free(c->rbuf);
 	free(c->unc);
+	free(c->rsp);
+	free(c->res);
 	free(c);
 }
 
@@ -424,46 +454,6 @@ static void conn_set_dead(struct tcp_conn *c, const char *why)
 	urdma_progress_kick();
 }
 
-/* Write all of iov, waiting for room.  Under tx_lock. */
-static int tx_all(struct tcp_conn *c, struct iovec *iov, int n)
-{
-	while (n) {
-		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
-		/* No SIGPIPE for the application when the peer is gone. */
-		ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
-
-		if (k < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN) {
-				struct pollfd p = { .fd = c->fd, .events = POLLOUT };
-
-				/* Give up on a lost stream, or when the QP
-				 * leaves (destroy marks it GONE first). */
-				if (atomic_load(&c->dead) ||
-				    atomic_load(&c->closing) ||
-				    (c->qp && atomic_load(&c->qp->shm->state) >=
-						      URDMA_SQPS_ERR))
-					return -EPIPE;
-				poll(&p, 1, 100);
-				continue;
-			}
-			conn_set_dead(c, strerror(errno));
-			return -errno;
-		}
-		while (n && (size_t)k >= iov->iov_len) {
-			k -= iov->iov_len;
-			iov++;
-			n--;
-		}
-		if (n) {
-			iov->iov_base = (uint8_t *)iov->iov_base + k;
-			iov->iov_len -= k;
-		}
-	}
-	return 0;
-}
-
 /* Frame one segment around hdr (the DDP/RDMAP header and any opcode
  * header) and plen payload bytes at offset off of the message: ULPDU
  * length, L flag, TO (tagged) or MO (untagged).  Returns the CRC so far;
@@ -511,77 +501,45 @@ static void seg_close(struct tcp_conn *c, struct tx_seg *s, uint32_t crc)
 static uint32_t put_tagged(uint8_t *h, unsigned op, uint32_t stag,
 			   uint64_t to);
 
-/* Frame the held-back answers to zero-length Reads into seg/iov (2 iovecs
- * each, before anything else is sent: responses keep their order).
- * Returns the iovecs used.  Under tx_lock. */
-static int zr_take(struct tcp_conn *c, struct tx_seg *seg, struct iovec *iov)
-{
-	int n = 0;
-
-	for (int i = 0; i < c->nzr; i++) {
-		uint8_t h[sizeof(struct ddp_tagged_hdr)];
-
-		put_tagged(h, RDMAP_READ_RESP, c->zr_stag[i], c->zr_to[i]);
-		seg_close(c, &seg[i], seg_open(c, &seg[i], h, sizeof(h), 0, 0, true));
-		iov[n++] = (struct iovec){ seg[i].hdr, seg[i].hlen };
-		iov[n++] = (struct iovec){ seg[i].trailer, seg[i].tlen };
-	}
-	c->nzr = 0;
-	return n;
-}
-
-/* Send the held-back answers now.  Under tx_lock. */
-static void zr_flush(struct tcp_conn *c)
-{
-	struct tx_seg seg[ZR_MAX];
-	struct iovec iov[2 * ZR_MAX];
-	int n = zr_take(c, seg, iov);
-
-	if (n)
-		tx_all(c, iov, n);
-}
-
-/* The same, taking tx_lock, when there is something to send. */
-static void zr_send(struct tcp_conn *c)
-{
-	if (!__atomic_load_n(&c->nzr, __ATOMIC_RELAXED))
-		return;
-	pthread_mutex_lock(&c->tx_lock);
-	zr_flush(c);
-	pthread_mutex_unlock(&c->tx_lock);
-}
-
 /*
- * Send one message: hdr (DDP+RDMAP header and any opcode header, hlen
- * bytes, ULPDU length not included) then len bytes from spans, cut into
- * segments.  Held-back Read answers go first and a pending tail
- * (tx_flush_tail) last, in the same writev.  Under tx_lock.
+ * Frame the next FPDUs of a message into seg and iov: hdr (DDP+RDMAP
+ * header and any opcode header, hlen bytes, ULPDU length not included)
+ * then len bytes from spans, cut into segments, starting at offset *off.
+ * At most maxseg segments, within TX_IOV iovecs (*niov used so far);
+ * fiov[k] is the first iovec of segment k, and fiov[nseg] the end.
+ * Returns the segments framed (*off advanced past them; *end when the
+ * message's last is among them) or -EFAULT (spans shorter than len).
  */
-static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
-		  const struct urdma_span *sp, int nsp, uint64_t len)
+static int frame(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
+		 const struct urdma_span *sp, int nsp, uint64_t len,
+		 uint64_t *off, bool *end, struct tx_seg *seg, int maxseg,
+		 struct iovec *iov, int *niov, int *fiov)
 {
-	struct tx_seg seg[TX_IOV / 4], zseg[ZR_MAX];
-	struct iovec iov[TX_IOV];
-	uint64_t off = 0, soff = 0;
-	int si = 0, niov = zr_take(c, zseg, iov), nseg = 0, ret;
+	int nseg = 0;
 
-	do {
-		uint32_t plen = len - off > IWARP_SEG_PAYLOAD ? IWARP_SEG_PAYLOAD :
-								  (uint32_t)(len - off);
-		struct tx_seg *s = &seg[nseg++];
-		uint32_t crc = seg_open(c, s, hdr, hlen, plen, off,
-					off + plen == len);
-		uint32_t left = plen;
+	*end = false;
+	while (nseg < maxseg && !*end) {
+		uint32_t plen = len - *off > IWARP_SEG_PAYLOAD ?
+					IWARP_SEG_PAYLOAD :
+					(uint32_t)(len - *off);
+		struct tx_seg *s = &seg[nseg];
+		uint32_t crc = seg_open(c, s, hdr, hlen, plen, *off,
+					*off + plen == len);
+		uint64_t pos = *off, soff = pos;
+		int si = 0, n = *niov;
 
-		iov[niov++] = (struct iovec){ s->hdr, s->hlen };
-		while (left) {
-			uint64_t avail, n;
+		/* The span and offset where this segment starts. */
+		while (si < nsp && soff >= sp[si].len)
+			soff -= sp[si++].len;
+		iov[n++] = (struct iovec){ s->hdr, s->hlen };
+		for (uint32_t left = plen; left;) {
+			uint64_t avail, k;
 			uint8_t *p;
 
 			while (si < nsp && soff == sp[si].len)
 				si++, soff = 0;
 			if (si == nsp)
-				return -EFAULT; /* spans shorter than len */
+				return -EFAULT;
 			if (sp[si].ptr) {
 				p = sp[si].ptr + soff;
 				avail = sp[si].len - soff;
@@ -590,40 +548,334 @@ static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 				if (!p)
 					return -EFAULT;
 			}
-			n = left;
-			if (n > sp[si].len - soff)
-				n = sp[si].len - soff;
-			if (n > avail)
-				n = avail;
-			if (niov >= TX_IOV - 2) {
-				ret = tx_all(c, iov, niov);
-				if (ret)
-					return ret;
-				niov = 0;
+			k = left;
+			if (k > sp[si].len - soff)
+				k = sp[si].len - soff;
+			if (k > avail)
+				k = avail;
+			if (n >= TX_IOV - 1) {
+				if (nseg)
+					return nseg; /* the rest next time */
+				return -EFAULT;	     /* too fragmented */
 			}
-			iov[niov++] = (struct iovec){ p, n };
+			iov[n++] = (struct iovec){ p, k };
 			if (c->crc)
-				crc = urdma_crc32c_update(crc, p, n);
-			soff += n;
-			left -= n;
+				crc = urdma_crc32c_update(crc, p, k);
+			soff += k;
+			left -= k;
 		}
 		seg_close(c, s, crc);
-		iov[niov++] = (struct iovec){ s->trailer, s->tlen };
-		off += plen;
-		if (nseg == TX_IOV / 4 || niov >= TX_IOV - 6) {
-			ret = tx_all(c, iov, niov);
-			if (ret)
-				return ret;
-			niov = 0;
-			nseg = 0;
-		}
-	} while (off < len);
-	if (c->tx_tail.hlen) {
-		iov[niov++] = (struct iovec){ c->tx_tail.hdr, c->tx_tail.hlen };
-		iov[niov++] = (struct iovec){ c->tx_tail.trailer, c->tx_tail.tlen };
-		c->tx_tail.hlen = 0;
+		iov[n++] = (struct iovec){ s->trailer, s->tlen };
+		fiov[nseg++] = *niov;
+		fiov[nseg] = n;
+		*niov = n;
+		*off = pos + plen;
+		*end = *off == len;
+		if (n >= TX_IOV - 3)
+			break;
 	}
-	return niov ? tx_all(c, iov, niov) : 0;
+	return nseg;
+}
+
+static bool conn_giving_up(struct tcp_conn *c)
+{
+	return atomic_load(&c->dead) || atomic_load(&c->closing) ||
+	       (c->qp && atomic_load(&c->qp->shm->state) >= URDMA_SQPS_ERR);
+}
+
+/* Wait until the socket takes more, or the stream is given up. */
+static int tx_wait(struct tcp_conn *c)
+{
+	struct pollfd p = { .fd = c->fd, .events = POLLOUT };
+
+	if (conn_giving_up(c))
+		return -EPIPE;
+	/* The peer may be waiting for us to read. */
+	tx_unpark_try(c);
+	poll(&p, 1, 100);
+	return 0;
+}
+
+/* Write some of iov without waiting.  Returns the bytes written, or
+ * -EAGAIN, or an error (the stream is dead). */
+static ssize_t tx_some(struct tcp_conn *c, struct iovec *iov, int n)
+{
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
+
+	for (;;) {
+		/* No SIGPIPE for the application when the peer is gone. */
+		ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+		if (k >= 0)
+			return k;
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN)
+			return -EAGAIN;
+		conn_set_dead(c, strerror(errno));
+		return -errno;
+	}
+}
+
+/* ---- responses ---- */
+
+/* Queue a response.  Receive path (rx_lock).  -ENOSPC: the peer asks
+ * more than it reads. */
+static int rsp_push(struct tcp_conn *c, const struct tcp_rsp *r)
+{
+	pthread_mutex_lock(&c->rsp_lock);
+	if (c->rsp_tail - c->rsp_head == c->rsp_size) {
+		uint32_t n = c->rsp_size ? 2 * c->rsp_size : 16;
+		struct tcp_rsp *q = n <= RSP_MAX ? malloc(n * sizeof(*q)) : NULL;
+
+		if (!q) {
+			pthread_mutex_unlock(&c->rsp_lock);
+			return -ENOSPC;
+		}
+		for (uint32_t i = 0; i < c->rsp_size; i++)
+			q[i] = c->rsp[(c->rsp_head + i) & (c->rsp_size - 1)];
+		free(c->rsp);
+		c->rsp = q;
+		c->rsp_head = 0;
+		c->rsp_tail = c->rsp_size;
+		c->rsp_size = n;
+	}
+	c->rsp[c->rsp_tail++ & (c->rsp_size - 1)] = *r;
+	atomic_fetch_add(&c->rsp_n, 1);
+	pthread_mutex_unlock(&c->rsp_lock);
+	return 0;
+}
+
+/* Send the cut FPDU's end, then the next FPDUs of the oldest response,
+ * as much as the socket takes now; an FPDU it cuts is kept whole in res.
+ * Returns 0 (progress), -EAGAIN or an error.  Under tx_lock. */
+static int rsp_step(struct tcp_conn *c)
+{
+	struct tx_seg seg[RSP_SEGS];
+	struct iovec iov[TX_IOV];
+	int fiov[RSP_SEGS + 1], niov = 0, nseg, done = 0;
+	struct tcp_rsp r;
+	struct urdma_span sp;
+	uint64_t off;
+	ssize_t k;
+	bool end;
+
+	if (c->res_len) {
+		struct iovec v = { c->res + c->res_off, c->res_len - c->res_off };
+
+		k = tx_some(c, &v, 1);
+		if (k < 0)
+			return (int)k;
+		c->res_off += k;
+		if (c->res_off == c->res_len) {
+			c->res_len = c->res_off = 0;
+			atomic_fetch_sub(&c->rsp_n, 1);
+		}
+		return 0;
+	}
+	pthread_mutex_lock(&c->rsp_lock);
+	if (c->rsp_head == c->rsp_tail) {
+		pthread_mutex_unlock(&c->rsp_lock);
+		return 0;
+	}
+	r = c->rsp[c->rsp_head & (c->rsp_size - 1)];
+	pthread_mutex_unlock(&c->rsp_lock);
+	sp = (struct urdma_span){ .va = r.va, .len = r.len };
+	off = r.off;
+	nseg = frame(c, r.hdr, r.hlen, &sp, r.read, r.len, &off, &end, seg,
+		     RSP_SEGS, iov, &niov, fiov);
+	if (nseg < 0) {
+		/* The region was deregistered after the Read was checked. */
+		conn_set_dead(c, "a Read's source region went away");
+		return -EFAULT;
+	}
+	k = tx_some(c, iov, niov);
+	if (k < 0)
+		return (int)k;
+	/* Whole FPDUs written, then the one cut, if any, kept in res. */
+	for (off = r.off; done < nseg; done++) {
+		size_t flen = 0;
+
+		for (int i = fiov[done]; i < fiov[done + 1]; i++)
+			flen += iov[i].iov_len;
+		if ((size_t)k < flen && k > 0) {
+			if (!c->res && !(c->res = malloc(IWARP_SEG_PAYLOAD +
+							  sizeof(seg[0].hdr) +
+							  sizeof(seg[0].trailer))))
+				return -ENOMEM;
+			for (int i = fiov[done]; i < fiov[done + 1]; i++) {
+				size_t skip = (size_t)k < iov[i].iov_len ? (size_t)k :
+									   iov[i].iov_len;
+
+				memcpy(c->res + c->res_len,
+				       (uint8_t *)iov[i].iov_base + skip,
+				       iov[i].iov_len - skip);
+				c->res_len += iov[i].iov_len - skip;
+				k -= skip;
+			}
+			atomic_fetch_add(&c->rsp_n, 1);
+		} else if ((size_t)k < flen) {
+			break;
+		} else {
+			k -= flen;
+		}
+		off += r.len - off > IWARP_SEG_PAYLOAD ? IWARP_SEG_PAYLOAD :
+							r.len - off;
+	}
+	pthread_mutex_lock(&c->rsp_lock);
+	if (done == nseg && end) {
+		c->rsp_head++;
+		atomic_fetch_sub(&c->rsp_n, 1);
+	} else {
+		c->rsp[c->rsp_head & (c->rsp_size - 1)].off = off;
+	}
+	pthread_mutex_unlock(&c->rsp_lock);
+	return done ? 0 : -EAGAIN;
+}
+
+/* Send every queued response; with wait, waiting for room, else up to
+ * -EAGAIN.  Under tx_lock. */
+static int rsp_pump(struct tcp_conn *c, bool wait)
+{
+	while (atomic_load(&c->rsp_n)) {
+		int r = rsp_step(c);
+
+		if (r == -EAGAIN && wait)
+			r = tx_wait(c);
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
+/* Watch for data unless parked, and for room while responses wait. */
+static void conn_watch(struct tcp_conn *c)
+{
+	pthread_mutex_lock(&c->watch_lock);
+	urdma_progress_watch_events(
+		c->fd,
+		EPOLLET | (atomic_load(&c->parked) ? 0 : EPOLLIN) |
+			(atomic_load(&c->want_out) ? EPOLLOUT : 0),
+		URDMA_WATCH_FN, &c->w, true);
+	pthread_mutex_unlock(&c->watch_lock);
+}
+
+/* Send the queued responses if tx_lock is free (its holder sends them
+ * otherwise, tx_unlock); what the socket does not take now, the progress
+ * thread sends when there is room.  Never waits. */
+static void rsp_send(struct tcp_conn *c)
+{
+	while (atomic_load(&c->rsp_n) && !pthread_mutex_trylock(&c->tx_lock)) {
+		int r = rsp_pump(c, false);
+
+		pthread_mutex_unlock(&c->tx_lock);
+		if (r == -EAGAIN && !atomic_exchange(&c->want_out, true))
+			conn_watch(c);
+		if (r)
+			return;
+	}
+}
+
+static void tx_unlock(struct tcp_conn *c)
+{
+	pthread_mutex_unlock(&c->tx_lock);
+	rsp_send(c);
+}
+
+/* Write all of iov, waiting for room.  Under tx_lock. */
+static int tx_all(struct tcp_conn *c, struct iovec *iov, int n)
+{
+	while (n) {
+		ssize_t k = tx_some(c, iov, n);
+
+		if (k == -EAGAIN) {
+			int r = tx_wait(c);
+
+			if (r)
+				return r;
+			continue;
+		}
+		if (k < 0)
+			return (int)k;
+		while (n && (size_t)k >= iov->iov_len) {
+			k -= iov->iov_len;
+			iov++;
+			n--;
+		}
+		if (n) {
+			iov->iov_base = (uint8_t *)iov->iov_base + k;
+			iov->iov_len -= k;
+		}
+	}
+	return 0;
+}
+
+/* Frame the queued responses that carry no data (answers to flushes,
+ * atomic responses), oldest first, into seg/iov: they go in the same
+ * writev as the message that follows, so the peer finds them with it.
+ * Returns the iovecs used.  Under tx_lock, with no FPDU cut. */
+static int rsp_take(struct tcp_conn *c, struct tx_seg *seg, struct iovec *iov)
+{
+	int n = 0;
+
+	pthread_mutex_lock(&c->rsp_lock);
+	while (n < 2 * RSP_TAKE && c->rsp_head != c->rsp_tail) {
+		struct tcp_rsp *r = &c->rsp[c->rsp_head & (c->rsp_size - 1)];
+		struct tx_seg *s = &seg[n / 2];
+
+		if (r->read && r->len)
+			break;
+		seg_close(c, s, seg_open(c, s, r->hdr, r->hlen, 0, 0, true));
+		iov[n++] = (struct iovec){ s->hdr, s->hlen };
+		iov[n++] = (struct iovec){ s->trailer, s->tlen };
+		c->rsp_head++;
+		atomic_fetch_sub(&c->rsp_n, 1);
+	}
+	pthread_mutex_unlock(&c->rsp_lock);
+	return n;
+}
+
+/*
+ * Send one message (see frame), waiting for room.  Queued responses go
+ * first (those without data in the same writev), a pending tail
+ * (tx_flush_tail) last, in the same writev.  Under tx_lock.
+ */
+static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
+		  const struct urdma_span *sp, int nsp, uint64_t len)
+{
+	struct tx_seg seg[TX_IOV / 4], pseg[RSP_TAKE];
+	struct iovec iov[TX_IOV];
+	int fiov[TX_IOV / 4 + 1], niov = 0;
+	uint64_t off = 0;
+	bool end = false;
+	int ret = 0;
+
+	if (!c->res_len)
+		niov = rsp_take(c, pseg, iov);
+	if (atomic_load(&c->rsp_n) && niov < 2 * RSP_TAKE) {
+		/* A Read Response or a cut FPDU is next: send it all first. */
+		ret = tx_all(c, iov, niov);
+		if (!ret)
+			ret = rsp_pump(c, true);
+		niov = 0;
+	}
+	while (!ret && !end) {
+		int n = frame(c, hdr, hlen, sp, nsp, len, &off, &end, seg,
+			      TX_IOV / 4, iov, &niov, fiov);
+
+		if (n < 0)
+			return n;
+		if (end && c->tx_tail.hlen) {
+			iov[niov++] = (struct iovec){ c->tx_tail.hdr,
+						      c->tx_tail.hlen };
+			iov[niov++] = (struct iovec){ c->tx_tail.trailer,
+						      c->tx_tail.tlen };
+			c->tx_tail.hlen = 0;
+		}
+		ret = tx_all(c, iov, niov);
+		niov = 0;
+	}
+	return ret;
 }
 
 static uint32_t put_untagged(uint8_t *h, unsigned op, uint32_t qn,
@@ -685,7 +937,7 @@ static void send_terminate(struct tcp_conn *c, uint32_t ctrl,
 	}
 	pthread_mutex_lock(&c->tx_lock);
 	tx_ctrl(c, RDMAP_TERMINATE, DDP_QN_TERM, &t, blen);
-	pthread_mutex_unlock(&c->tx_lock);
+	tx_unlock(c);
 	urdma_info("tcp: qp %#x: sent TERMINATE (layer %u type %u code %#x)",
 		   c->local_qpn, TERM_LAYER(ctrl), TERM_ETYPE(ctrl),
 		   TERM_ECODE(ctrl));
@@ -1117,8 +1369,7 @@ static int rx_read_req(struct tcp_conn *c, const struct iwarp_msg *m,
 		       uint32_t *term)
 {
 	const struct rdmap_read_req *rr = &m->u.rr;
-	uint8_t h[sizeof(struct ddp_tagged_hdr)];
-	struct urdma_span sp;
+	struct tcp_rsp rsp = { 0 };
 	uint64_t va;
 	int err;
 
@@ -1130,26 +1381,22 @@ static int rx_read_req(struct tcp_conn *c, const struct iwarp_msg *m,
 		return RX_ERR;
 	}
 	c->rx_msn[DDP_QN_READ]++;
-	pthread_mutex_lock(&c->tx_lock);
-	if (!rr->size) {
-		/* A flush: its answer waits for our next message, or for the
-		 * end of this receive pass (rx_done), so that the application
-		 * sees the message before we make a system call for it. */
-		if (c->nzr == ZR_MAX)
-			zr_flush(c);
-		c->zr_stag[c->nzr] = rr->sink_stag;
-		c->zr_to[c->nzr++] = rr->sink_to;
-		pthread_mutex_unlock(&c->tx_lock);
-		return RX_OK;
-	}
-	sp = (struct urdma_span){ .va = va, .len = rr->size };
-	put_tagged(h, RDMAP_READ_RESP, rr->sink_stag, rr->sink_to);
-	err = tx_msg(c, h, sizeof(h), &sp, 1, rr->size);
-	pthread_mutex_unlock(&c->tx_lock);
-	if (err == -EFAULT) {
-		*term = lookup_term(-EFAULT, false);
+	rsp.hlen = put_tagged(rsp.hdr, RDMAP_READ_RESP, rr->sink_stag,
+			      rr->sink_to);
+	rsp.read = true;
+	rsp.va = va;
+	rsp.len = rr->size;
+	if (rsp_push(c, &rsp)) {
+		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
+				  TERM_RDMAP_EC_UNSPEC,
+				  TERM_HDRCT_D | TERM_HDRCT_R);
 		return RX_ERR;
 	}
+	/* A flush's answer waits for our next message, or for the end of
+	 * this receive pass, so that the application sees the message
+	 * before we make a system call for it.  Data goes now. */
+	if (rr->size)
+		rsp_send(c);
 	return RX_OK;
 }
 
@@ -1158,6 +1405,7 @@ static int rx_atomic_req(struct tcp_conn *c, const struct iwarp_msg *m,
 {
 	const struct rdmap_atomic_req *a = &m->u.areq;
 	struct rdmap_atomic_resp resp;
+	struct tcp_rsp r = { 0 };
 	uint64_t va, avail, orig;
 	uint64_t *p;
 	int err;
@@ -1194,9 +1442,18 @@ static int rx_atomic_req(struct tcp_conn *c, const struct iwarp_msg *m,
 	c->rx_msn[DDP_QN_ATOMIC_REQ]++;
 	resp.req_id = htonl(a->req_id);
 	resp.orig = htobe64(orig);
-	pthread_mutex_lock(&c->tx_lock);
-	tx_ctrl(c, RDMAP_ATOMIC_RESP, DDP_QN_ATOMIC_RESP, &resp, sizeof(resp));
-	pthread_mutex_unlock(&c->tx_lock);
+	/* The atomic-response queue is ours alone: its MSN needs no
+	 * tx_lock. */
+	r.hlen = put_untagged(r.hdr, RDMAP_ATOMIC_RESP, DDP_QN_ATOMIC_RESP,
+			      c->tx_msn[DDP_QN_ATOMIC_RESP]++);
+	memcpy(r.hdr + r.hlen, &resp, sizeof(resp));
+	r.hlen += sizeof(resp);
+	if (rsp_push(c, &r)) {
+		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
+				  TERM_RDMAP_EC_UNSPEC, TERM_HDRCT_D);
+		return RX_ERR;
+	}
+	rsp_send(c);
 	return RX_OK;
 }
 
@@ -1303,8 +1560,24 @@ static int rx_msg(struct tcp_conn *c, const struct iwarp_msg *m,
 	}
 }
 
+/* The connection whose receive path this thread runs: a WR that a
+ * completion lets the engine run from there must not send (tcp_execute),
+ * as it could wait for room while nobody reads. */
+static __thread struct tcp_conn *rx_owner;
+
+static void rx_pass(struct tcp_conn *c);
+
 /* Process what has arrived.  Under rx_lock, state C_UP. */
 static void rx_locked(struct tcp_conn *c)
+{
+	struct tcp_conn *outer = rx_owner;
+
+	rx_owner = c;
+	rx_pass(c);
+	rx_owner = outer;
+}
+
+static void rx_pass(struct tcp_conn *c)
 {
 	uint32_t st;
 
@@ -1647,8 +1920,56 @@ static void conn_park(struct tcp_conn *c, bool park)
 	if (atomic_load(&c->parked) == park)
 		return;
 	atomic_store(&c->parked, park);
-	urdma_progress_watch_events(c->fd, park ? EPOLLET : EPOLLIN | EPOLLET,
-				    URDMA_WATCH_FN, &c->w, true);
+	conn_watch(c);
+}
+
+/*
+ * A long send holds the socket in the kernel; answers arriving meanwhile
+ * (to the flush Reads of earlier messages) would wake the progress thread,
+ * on a busy core taking its time from the sender, only to wait for the
+ * socket.  So the sending thread parks the stream for the send (when it
+ * was not parked already) and takes the answers itself afterwards.  While
+ * the send waits for room, the stream is unparked: the peer may be waiting
+ * for us to read.  sq_lock, not tx_lock, held.
+ */
+#define TX_PARK_MIN (128 * 1024)
+
+static bool tx_park(struct tcp_conn *c)
+{
+	bool parked = false;
+
+	if (pthread_mutex_trylock(&c->rx_lock))
+		return false;
+	if (!atomic_load(&c->parked) && atomic_load(&c->state) == C_UP &&
+	    !c->closing) {
+		conn_park(c, true);
+		atomic_store(&c->tx_parked, true);
+		parked = true;
+	}
+	pthread_mutex_unlock(&c->rx_lock);
+	return parked;
+}
+
+static void tx_unpark(struct tcp_conn *c)
+{
+	pthread_mutex_lock(&c->rx_lock);
+	if (atomic_exchange(&c->tx_parked, false) && !c->closing) {
+		rx_locked(c);
+		conn_park(c, false);
+	}
+	pthread_mutex_unlock(&c->rx_lock);
+	rsp_send(c);
+}
+
+/* The same from a send waiting for room (tx_lock held: only try).  If
+ * rx_lock is busy, tcp_maintain unparks a stream nobody polls. */
+static void tx_unpark_try(struct tcp_conn *c)
+{
+	if (!atomic_load(&c->tx_parked) || pthread_mutex_trylock(&c->rx_lock))
+		return;
+	if (atomic_exchange(&c->tx_parked, false) && !c->closing)
+		conn_park(c, false);
+	pthread_mutex_unlock(&c->rx_lock);
 }
 
 static void conn_cb(struct urdma_watcher *w, uint32_t events)
@@ -1665,7 +1986,11 @@ static void conn_cb(struct urdma_watcher *w, uint32_t events)
 	pthread_mutex_lock(&c->rx_lock);
 	rx_locked(c);
 	pthread_mutex_unlock(&c->rx_lock);
-	zr_send(c); /* nobody waits on this thread */
+	rsp_send(c); /* nobody waits on this thread */
+	if (!atomic_load(&c->rsp_n) && atomic_exchange(&c->want_out, false)) {
+		conn_watch(c);
+		rsp_send(c); /* queued meanwhile */
+	}
 }
 
 /* ---- the transport operations ---- */
@@ -1773,7 +2098,7 @@ static void tcp_disconnect(struct urdma_qp *qp)
 		/* closing first: a peer that reads nothing must not hold us in
 		 * tx_all.  The answers a peer waits for go if they can. */
 		atomic_store(&c->closing, true);
-		zr_send(c);
+		rsp_send(c);
 		pthread_mutex_lock(&c->rx_lock);
 		c->qp = NULL;
 		pthread_mutex_unlock(&c->rx_lock);
@@ -1931,6 +2256,7 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	bool rd = w->opcode == IBV_WR_RDMA_READ ||
 		  w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
 		  w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+	bool tx_parked;
 	int n = 0;
 
 	if (c && atomic_load(&c->dead)) {
@@ -1951,17 +2277,22 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	}
 	if (!c || atomic_load(&c->state) != C_UP)
 		return URDMA_TX_NOT_READY;
+	if (rx_owner == c)
+		return URDMA_TX_WAIT; /* run from poll_cq or the progress thread */
 	*status = urdma_local_spans(qp, w, sp, &n,
 				    rd ? IBV_ACCESS_LOCAL_WRITE : 0);
 	if (*status != IBV_WC_SUCCESS)
 		return URDMA_TX_DONE;
+	tx_parked = !rd && w->byte_len >= TX_PARK_MIN && tx_park(c);
 	pthread_mutex_lock(&c->tx_lock);
 	conn_sync_timeout(c, qp);
 	if (rd)
 		r = tx_read_atomic(c, qp, w, sp, n);
 	else
 		tx_send_write(c, qp, w, sp, n);
-	pthread_mutex_unlock(&c->tx_lock);
+	tx_unlock(c);
+	if (tx_parked)
+		tx_unpark(c);
 	return r;
 }
 
@@ -2005,7 +2336,7 @@ static void conn_probe_overdue(struct tcp_conn *c, struct urdma_qp *qp)
 		 K_FLUSH, c->tx_msn[DDP_QN_READ])->tag = c->next_tag;
 	pthread_mutex_unlock(&c->ord_lock);
 	tx_ctrl(c, RDMAP_READ_REQ, DDP_QN_READ, &rr, sizeof(rr));
-	pthread_mutex_unlock(&c->tx_lock);
+	tx_unlock(c);
 }
 
 static bool tcp_maintain(struct urdma_qp *qp)
@@ -2036,7 +2367,7 @@ static bool tcp_maintain(struct urdma_qp *qp)
 			/* The peer learns it from the stream's end: its
 			 * unconfirmed WRs fail as if our QP stopped answering.
 			 * The answers it already earned go first. */
-			zr_send(c);
+			rsp_send(c);
 			shutdown(c->fd, SHUT_RDWR);
 			c->dead_handled = true;
 			conn_set_dead(c, "local QP in error");
@@ -2055,7 +2386,8 @@ static bool tcp_maintain(struct urdma_qp *qp)
 		}
 		if (unread || atomic_load(&c->stalled))
 			rx_locked(c);
-		again = atomic_load(&c->stalled) || atomic_load(&c->parked);
+		again = atomic_load(&c->stalled) || atomic_load(&c->parked) ||
+			atomic_load(&c->rsp_n);
 		conn_probe_overdue(c, qp);
 		/* Unconfirmed messages on a lost stream fail at once, the
 		 * first with RETRY_EXC_ERR, as when a NIC's retries run out.
@@ -2069,7 +2401,7 @@ static bool tcp_maintain(struct urdma_qp *qp)
 		}
 	}
 	pthread_mutex_unlock(&c->rx_lock);
-	zr_send(c);
+	rsp_send(c);
 	if (fail) /* sq_lock is outer to rx_lock */
 		urdma_qp_set_error(qp, true);
 	return again;
@@ -2107,7 +2439,7 @@ static void tcp_poll(struct urdma_qp *qp)
 	conn_park(c, quiet && c->qp && !atomic_load(&c->qp->shm->notify));
 	pthread_mutex_unlock(&c->rx_lock);
 	if (quiet)
-		zr_send(c);
+		rsp_send(c);
 }
 
 static void tcp_recv_posted(struct urdma_qp *qp)
