@@ -354,7 +354,7 @@ row() {  # metric urdma peer-name peer goal-op goal-limit goal-text
 # times interleaved; appends a table to $RESULTS.  The two urdma sides have
 # their own URDMA_SHM_DIR, as two hosts would: nothing passes through shared
 # memory, and if the TCP transport is missing the urdma figures are n/a.
-#   1 MiB ib_write_bw                  vs iperf3, one stream, 1 MiB writes
+#   1 MiB ib_write_bw for 3 s (-D 3)   vs iperf3, one stream, 1 MiB writes, 3 s
 #   8 B ib_send_lat / ib_write_lat     vs sockperf ping-pong (14 B, its minimum),
 #   one-way latency, median              UCX ucp_am_lat 8 B with UCX_TLS=tcp
 
@@ -390,11 +390,11 @@ tcp_urdma_lat() {  # TEST: t_typical one-way latency in usec, 8 B
     VAL=$(perftest_row "$PAIR_LOG" | awk -v c="$col" '{ print $c }')
 }
 
-tcp_urdma_write_bw() {  # GB/s, 1 MiB ib_write_bw
+tcp_urdma_write_bw() {  # GB/s, 1 MiB ib_write_bw, as long as iperf3 runs
     local tag=tcp-$T_PATH.ib_write_bw.$REP
     next_port
-    pair "$tag" 40 "" "${T_SRV[@]}" ib_write_bw -d "$DEV" -p "$PORT" -F -x "${T_GID[$T_PATH.srv]}" -s 1048576 -n 2000 -- \
-        "${T_CLI[@]}" ib_write_bw -d "$DEV" -p "$PORT" -F -x "${T_GID[$T_PATH.cli]}" -s 1048576 -n 2000 "$T_IP" || return 1
+    pair "$tag" 40 "" "${T_SRV[@]}" ib_write_bw -d "$DEV" -p "$PORT" -F -x "${T_GID[$T_PATH.srv]}" -s 1048576 -D 3 -- \
+        "${T_CLI[@]}" ib_write_bw -d "$DEV" -p "$PORT" -F -x "${T_GID[$T_PATH.cli]}" -s 1048576 -D 3 "$T_IP" || return 1
     VAL=$(perftest_row "$PAIR_LOG" | awk '{ printf "%.3f\n", $4 * 1048576 / 1e9 }')
 }
 
