@@ -799,6 +799,63 @@ static void small_cq_child(struct t_peer *p, void *arg)
 	t_passive_target(p, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, T_WAIT_MS);
 }
 
+/* ---- Both sides READ each other at once ----
+ * Read Requests and Read Responses flow both ways at once, more than the
+ * transport's buffers hold: a side that waits to send while the other
+ * side also waits, neither reading, deadlocks (over TCP, a responder that
+ * blocked on a full socket did: RETRY_EXC_ERR). */
+#define XREADS 4
+#define XREAD_LEN (8u * MiB)
+
+static void xread_side(struct t_peer *p, unsigned mine, unsigned theirs)
+{
+	struct t_opts o = t_opts_default();
+	struct t_res r;
+	size_t half = (size_t)XREADS * XREAD_LEN;
+	unsigned char *mem = t_alloc(2 * half);
+	struct ibv_mr *mr;
+	struct t_conn remote;
+	struct ibv_wc wc[XREADS];
+	int got;
+
+	o.max_rd_atomic = XREADS;
+	o.max_send_wr = XREADS;
+	t_res_open(&r, &o);
+	/* [what the peer reads: pattern 'mine'][where its data lands] */
+	t_pattern_fill(mem, half, mine);
+	memset(mem + half, 0, half);
+	mr = t_reg(&r, mem, 2 * half, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+	t_connect_pair(p, &r, mr, &remote);
+	t_barrier(p);
+	for (int i = 0; i < XREADS; i++)
+		REQUIRE(t_post_send(r.qp, (uint64_t)i, IBV_WR_RDMA_READ,
+				    mem + half + (size_t)i * XREAD_LEN, XREAD_LEN, mr->lkey,
+				    IBV_SEND_SIGNALED, remote.addr + (uint64_t)i * XREAD_LEN,
+				    remote.rkey) == 0,
+			"post READ #%d", i);
+	got = t_poll(r.send_cq, wc, XREADS, T_WAIT_MS);
+	CHECK(got == XREADS, "%d of %d READs completed", got, XREADS);
+	for (int i = 0; i < got; i++)
+		CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)i,
+		      "READ completion %d: %s wr_id %llu", i, t_wc_status_str(wc[i].status),
+		      (unsigned long long)wc[i].wr_id);
+	long bad = t_pattern_check(mem + half, half, theirs);
+	CHECK(bad < 0, "READ data differs at %ld", bad);
+	t_barrier(p); /* neither side deregisters what the other still reads */
+	t_res_close(&r);
+	free(mem);
+}
+
+static void xread_parent(struct t_peer *p, void *arg)
+{
+	xread_side(p, 71, 72);
+}
+
+static void xread_child(struct t_peer *p, void *arg)
+{
+	xread_side(p, 72, 71);
+}
+
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
@@ -815,5 +872,6 @@ int main(int argc, char **argv)
 	t_pair("outstanding_reads_depth1", reads_parent, reads_child, (void *)1);
 	t_pair("outstanding_reads_depth16", reads_parent, reads_child, (void *)16);
 	t_pair("more_wrs_in_flight_than_cqes", small_cq_parent, small_cq_child, NULL);
+	t_pair("both_sides_read_each_other", xread_parent, xread_child, NULL);
 	return t_finish();
 }
