@@ -47,6 +47,8 @@
 #define RSP_SEGS 8	     /* FPDUs per non-blocking response write */
 #define RSP_TAKE 8	     /* data-less responses sent with a message */
 #define RSP_MAX (1u << 16) /* queued responses before the peer is cut off */
+/* An FPDU at most: MPA length, the largest header, payload, pad, CRC */
+#define RES_SIZE (sizeof(((struct tx_seg *)0)->hdr) + IWARP_SEG_PAYLOAD + 8)
 /* Accepted connections still in their handshake hold an fd and a buffer
  * each: at most this many, for at most this long. */
 #define PENDING_MAX 64
@@ -239,7 +241,10 @@ static struct tcp_conn *conn_new(int fd)
 	if (!c)
 		return NULL;
 	c->rbuf = malloc(RBUF_SIZE);
-	if (!c->rbuf) {
+	c->res = malloc(RES_SIZE);
+	if (!c->rbuf || !c->res) {
+		free(c->rbuf);
+		free(c->res);
 		free(c);
 		return NULL;
 	}
@@ -553,7 +558,8 @@ static int frame(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 				k = sp[si].len - soff;
 			if (k > avail)
 				k = avail;
-			if (n >= TX_IOV - 1) {
+			/* Room for this piece, the trailer and a flush tail. */
+			if (n >= TX_IOV - 3) {
 				if (nseg)
 					return nseg; /* the rest next time */
 				return -EFAULT;	     /* too fragmented */
@@ -571,7 +577,7 @@ static int frame(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		*niov = n;
 		*off = pos + plen;
 		*end = *off == len;
-		if (n >= TX_IOV - 3)
+		if (n >= TX_IOV - 5)
 			break;
 	}
 	return nseg;
@@ -699,10 +705,6 @@ static int rsp_step(struct tcp_conn *c)
 		for (int i = fiov[done]; i < fiov[done + 1]; i++)
 			flen += iov[i].iov_len;
 		if ((size_t)k < flen && k > 0) {
-			if (!c->res && !(c->res = malloc(IWARP_SEG_PAYLOAD +
-							  sizeof(seg[0].hdr) +
-							  sizeof(seg[0].trailer))))
-				return -ENOMEM;
 			for (int i = fiov[done]; i < fiov[done + 1]; i++) {
 				size_t skip = (size_t)k < iov[i].iov_len ? (size_t)k :
 									   iov[i].iov_len;
