@@ -255,6 +255,7 @@ enum kind {
 	K_GARBAGE_AFTER_VALID,
 	K_READ_FLOOD,
 	K_READ_FLOOD_T0,
+	K_FLUSH_FLOOD_T0,
 	K_STRAY_SEGMENT,
 	/* hostile MPA on the real QP's listener, then a proper connection */
 	K_MPA_GARBAGE,
@@ -363,6 +364,11 @@ static const struct hcase cases[] = {
 	 * peer never reads a response: nothing may hang (ibv_destroy_qp). */
 	{"read_req_flood_unread", K_READ_FLOOD, NO_TERM, false, false},
 	{"read_req_flood_unread_timeout_0", K_READ_FLOOD_T0, NO_TERM, false, false},
+	/* Zero-length Read Requests (flushes) without end, answers never
+	 * read, no TCP user timeout: the queue of answers has a bound, and
+	 * past it the QP goes to error; the receive path never waits for the
+	 * stream to take a Terminate. */
+	{"flush_flood_unread_timeout_0", K_FLUSH_FLOOD_T0, NO_TERM, false, false},
 	/* a Send segment with MO 100 that continues no message, then a
 	 * proper Send: an invalid-MO TERMINATE, and nothing lands */
 	{"send_stray_continuation_segment", K_STRAY_SEGMENT, NO_TERM, false, false},
@@ -574,7 +580,7 @@ static void setup(struct ctx *c, const struct hcase *hc)
 
 	struct t_opts o = t_opts_default();
 	o.sgid_index = 0;
-	if (hc->kind == K_READ_FLOOD_T0)
+	if (hc->kind == K_READ_FLOOD_T0 || hc->kind == K_FLUSH_FLOOD_T0)
 		o.timeout = 0; /* no TCP_USER_TIMEOUT: TCP's own */
 	o.create_qp = true;
 	t_res_open(&c->r, &o);
@@ -1111,6 +1117,7 @@ static void hostile_case(void *arg)
 		break;
 	case K_READ_FLOOD:
 	case K_READ_FLOOD_T0:
+	case K_FLUSH_FLOOD_T0:
 		break; /* below */
 	case K_STRAY_SEGMENT:
 		REQUIRE(t_post_recv(c.r.qp, 1, c.region + 256, 64, c.mr->lkey) == 0,
@@ -1232,6 +1239,27 @@ static void hostile_case(void *arg)
 		for (int i = 0; i < 32; i++) /* the proper Send did not land */
 			c.shadow[GUARD + 256 + i] = t_pattern_byte(256 + i, 7);
 		expect_memory(&c);
+		break;
+	}
+	case K_FLUSH_FLOOD_T0: {
+		/* Up to 1.5 million flushes (78 MB), until the QP gives up */
+		int sent = 0, st = t_qp_state(c.r.qp);
+
+		o.len = 0;
+		for (int i = 0; i < 1500000 && st != IBV_QPS_ERR; i++) {
+			if (o.len + 64 > sizeof(o.b)) {
+				if (!send_all(c.fd, o.b, o.len))
+					break;
+				o.len = 0;
+				st = t_qp_state(c.r.qp);
+			}
+			n = read_req(h, (uint32_t)i, 0x77, 0, 0, 0, 0);
+			fpdu(&o, c.crc, h, n, NULL, 0);
+			sent++;
+		}
+		t_note("%s: %d flushes sent, answers not read; the real QP is %s", hc->name,
+		       sent, t_qp_state_str(st));
+		expect_qp_err(&c, false);
 		break;
 	}
 	case K_READ_FLOOD:

@@ -807,7 +807,36 @@ static void small_cq_child(struct t_peer *p, void *arg)
 #define XREADS 4
 #define XREAD_LEN (8u * MiB)
 
-static void xread_side(struct t_peer *p, unsigned mine, unsigned theirs)
+/* Wait for n completions on r's CQ: busy polling, or (events) asleep in
+ * ibv_get_cq_event between polls.  Returns how many came. */
+static int xread_wait(struct t_res *r, struct ibv_wc *wc, int n, bool events)
+{
+	uint64_t end = t_now_ms() + T_WAIT_MS;
+	int got = 0;
+
+	if (!events)
+		return t_poll(r->send_cq, wc, n, T_WAIT_MS);
+	/* Away from the library for a while: the Reads that wait for the
+	 * first one are the progress thread's to send. */
+	t_sleep_ms(1000);
+	while (got < n && t_now_ms() < end) {
+		int k;
+
+		REQUIRE(ibv_req_notify_cq(r->send_cq, 0) == 0, "ibv_req_notify_cq");
+		k = ibv_poll_cq(r->send_cq, n - got, wc + got);
+		REQUIRE(k >= 0, "ibv_poll_cq: %d", k);
+		got += k;
+		if (got < n && !k)
+			t_wait_cq_event(r->channel, r->send_cq, (int)(end - t_now_ms()));
+	}
+	return got;
+}
+
+/* arg: NULL, busy polling with XREADS Reads in flight; non-NULL, at most
+ * one Read in flight, and the application away for a second and then
+ * asleep in ibv_get_cq_event: the progress threads send the Reads that
+ * wait, and the Read Responses, both sides at once. */
+static void xread_side(struct t_peer *p, unsigned mine, unsigned theirs, bool events)
 {
 	struct t_opts o = t_opts_default();
 	struct t_res r;
@@ -818,8 +847,9 @@ static void xread_side(struct t_peer *p, unsigned mine, unsigned theirs)
 	struct ibv_wc wc[XREADS];
 	int got;
 
-	o.max_rd_atomic = XREADS;
+	o.max_rd_atomic = events ? 2 : XREADS;
 	o.max_send_wr = XREADS;
+	o.use_channel = events;
 	t_res_open(&r, &o);
 	/* [what the peer reads: pattern 'mine'][where its data lands] */
 	t_pattern_fill(mem, half, mine);
@@ -833,7 +863,7 @@ static void xread_side(struct t_peer *p, unsigned mine, unsigned theirs)
 				    IBV_SEND_SIGNALED, remote.addr + (uint64_t)i * XREAD_LEN,
 				    remote.rkey) == 0,
 			"post READ #%d", i);
-	got = t_poll(r.send_cq, wc, XREADS, T_WAIT_MS);
+	got = xread_wait(&r, wc, XREADS, events);
 	CHECK(got == XREADS, "%d of %d READs completed", got, XREADS);
 	for (int i = 0; i < got; i++)
 		CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)i,
@@ -848,12 +878,12 @@ static void xread_side(struct t_peer *p, unsigned mine, unsigned theirs)
 
 static void xread_parent(struct t_peer *p, void *arg)
 {
-	xread_side(p, 71, 72);
+	xread_side(p, 71, 72, arg != NULL);
 }
 
 static void xread_child(struct t_peer *p, void *arg)
 {
-	xread_side(p, 72, 71);
+	xread_side(p, 72, 71, arg != NULL);
 }
 
 int main(int argc, char **argv)
@@ -873,5 +903,7 @@ int main(int argc, char **argv)
 	t_pair("outstanding_reads_depth16", reads_parent, reads_child, (void *)16);
 	t_pair("more_wrs_in_flight_than_cqes", small_cq_parent, small_cq_child, NULL);
 	t_pair("both_sides_read_each_other", xread_parent, xread_child, NULL);
+	t_pair("both_sides_read_each_other_one_at_a_time_asleep", xread_parent, xread_child,
+	       (void *)1);
 	return t_finish();
 }

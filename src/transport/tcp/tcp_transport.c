@@ -165,6 +165,8 @@ struct tcp_conn {
 	 * the watch's events change under watch_lock (conn_watch). */
 	_Atomic bool want_out;
 	pthread_mutex_t watch_lock;
+	/* A write gave up inside an FPDU: the stream takes nothing more. */
+	_Atomic bool tx_broken;
 	unsigned timeout_ms; /* TCP_USER_TIMEOUT set, + 1 (0: never set) */
 	/* outstanding Reads and atomics, unconfirmed messages: ord_lock */
 	struct tcp_ord ord[URDMA_MAX_RD_ATOM];
@@ -589,15 +591,27 @@ static bool conn_giving_up(struct tcp_conn *c)
 	       (c->qp && atomic_load(&c->qp->shm->state) >= URDMA_SQPS_ERR);
 }
 
-/* Wait until the socket takes more, or the stream is given up. */
+/*
+ * Wait until the socket takes more, or the stream is given up.  The peer
+ * may be waiting for us to read (both sides sending at once): a thread that
+ * waits for room receives meanwhile, unless another thread is at it.  The
+ * receive path it runs never waits for tx_lock (responses are queued, a
+ * Terminate only try-locks), so holding it here is safe.  Under tx_lock.
+ */
 static int tx_wait(struct tcp_conn *c)
 {
 	struct pollfd p = { .fd = c->fd, .events = POLLOUT };
 
 	if (conn_giving_up(c))
 		return -EPIPE;
-	/* The peer may be waiting for us to read. */
 	tx_unpark_try(c);
+	if (!pthread_mutex_trylock(&c->rx_lock)) {
+		rx_locked(c);
+		/* Wake for data too, unless a Send waits for a receive. */
+		if (!atomic_load(&c->stalled) && !atomic_load(&c->dead))
+			p.events |= POLLIN;
+		pthread_mutex_unlock(&c->rx_lock);
+	}
 	poll(&p, 1, 100);
 	return 0;
 }
@@ -608,6 +622,8 @@ static ssize_t tx_some(struct tcp_conn *c, struct iovec *iov, int n)
 {
 	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
 
+	if (atomic_load(&c->tx_broken))
+		return -EPIPE;
 	for (;;) {
 		/* No SIGPIPE for the application when the peer is gone. */
 		ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -767,6 +783,8 @@ static void conn_watch(struct tcp_conn *c)
  * thread sends when there is room.  Never waits. */
 static void rsp_send(struct tcp_conn *c)
 {
+	if (atomic_load(&c->dead))
+		return; /* the stream is gone: so are the answers */
 	while (atomic_load(&c->rsp_n) && !pthread_mutex_trylock(&c->tx_lock)) {
 		int r = rsp_pump(c, false);
 
@@ -787,18 +805,26 @@ static void tx_unlock(struct tcp_conn *c)
 /* Write all of iov, waiting for room.  Under tx_lock. */
 static int tx_all(struct tcp_conn *c, struct iovec *iov, int n)
 {
+	bool partial = false;
+
 	while (n) {
 		ssize_t k = tx_some(c, iov, n);
 
 		if (k == -EAGAIN) {
 			int r = tx_wait(c);
 
-			if (r)
+			if (r) {
+				/* Part of an FPDU may be out: nothing may
+				 * follow it on this stream. */
+				if (partial)
+					atomic_store(&c->tx_broken, true);
 				return r;
+			}
 			continue;
 		}
 		if (k < 0)
 			return (int)k;
+		partial = true;
 		while (n && (size_t)k >= iov->iov_len) {
 			k -= iov->iov_len;
 			iov++;
@@ -937,12 +963,19 @@ static void send_terminate(struct tcp_conn *c, uint32_t ctrl,
 		memcpy(t.hdr, hdr, hdr_len);
 		blen = 4 + 2 + hdr_len;
 	}
-	pthread_mutex_lock(&c->tx_lock);
-	tx_ctrl(c, RDMAP_TERMINATE, DDP_QN_TERM, &t, blen);
-	tx_unlock(c);
-	urdma_info("tcp: qp %#x: sent TERMINATE (layer %u type %u code %#x)",
-		   c->local_qpn, TERM_LAYER(ctrl), TERM_ETYPE(ctrl),
-		   TERM_ECODE(ctrl));
+	/* The receive path never waits for tx_lock: a sender in the middle
+	 * of a message (it gives up, the stream being dead) gets no
+	 * Terminate after it; nor does a socket that is full. */
+	if (pthread_mutex_trylock(&c->tx_lock)) {
+		urdma_info("tcp: qp %#x: TERMINATE not sent: a message is being "
+			   "sent", c->local_qpn);
+		return;
+	}
+	if (!tx_ctrl(c, RDMAP_TERMINATE, DDP_QN_TERM, &t, blen))
+		urdma_info("tcp: qp %#x: sent TERMINATE (layer %u type %u "
+			   "code %#x)", c->local_qpn, TERM_LAYER(ctrl),
+			   TERM_ETYPE(ctrl), TERM_ECODE(ctrl));
+	pthread_mutex_unlock(&c->tx_lock);
 }
 
 /* ---- the QP side of an error ---- */
@@ -1067,10 +1100,12 @@ static uint32_t unc_find_hdr(struct tcp_conn *c, const uint8_t *h, size_t len)
 static void rx_fail(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
 		    uint32_t hdr_len)
 {
-	send_terminate(c, ctrl, hdr, hdr_len);
-	shutdown(c->fd, SHUT_WR);
+	/* Dead first: a sender waiting for room gives up, and the Terminate
+	 * waits for nobody (send_terminate). */
 	c->dead_handled = true;
 	conn_set_dead(c, "protocol error in received data");
+	send_terminate(c, ctrl, hdr, hdr_len);
+	shutdown(c->fd, SHUT_WR);
 	unc_settle(c, c->unc_head, IBV_WC_WR_FLUSH_ERR);
 	qp_error_async(c);
 }
@@ -2330,8 +2365,9 @@ static void conn_probe_overdue(struct tcp_conn *c, struct urdma_qp *qp)
 	}
 	if (now - c->watch_ns < budget || used + 1 >= c->unc_size)
 		return;
+	if (pthread_mutex_trylock(&c->tx_lock))
+		return; /* a sender holds the stream: its bytes are timed */
 	c->watch_ns = now;
-	pthread_mutex_lock(&c->tx_lock);
 	pthread_mutex_lock(&c->ord_lock);
 	rr.sink_stag = htonl(++c->next_tag);
 	unc_push(c, c->unc[(c->unc_tail - 1) & (c->unc_size - 1)].wr_idx,
@@ -2389,7 +2425,7 @@ static bool tcp_maintain(struct urdma_qp *qp)
 		if (unread || atomic_load(&c->stalled))
 			rx_locked(c);
 		again = atomic_load(&c->stalled) || atomic_load(&c->parked) ||
-			atomic_load(&c->rsp_n);
+			(atomic_load(&c->rsp_n) && !atomic_load(&c->dead));
 		conn_probe_overdue(c, qp);
 		/* Unconfirmed messages on a lost stream fail at once, the
 		 * first with RETRY_EXC_ERR, as when a NIC's retries run out.
