@@ -833,7 +833,7 @@ static int xread_wait(struct t_res *r, struct ibv_wc *wc, int n, bool events)
 }
 
 /* arg: NULL, busy polling with XREADS Reads in flight; non-NULL, at most
- * one Read in flight, and the application away for a second and then
+ * two Reads in flight, and the application away for a second and then
  * asleep in ibv_get_cq_event: the progress threads send the Reads that
  * wait, and the Read Responses, both sides at once. */
 static void xread_side(struct t_peer *p, unsigned mine, unsigned theirs, bool events)
@@ -903,7 +903,7 @@ int main(int argc, char **argv)
 	t_pair("outstanding_reads_depth16", reads_parent, reads_child, (void *)16);
 	t_pair("more_wrs_in_flight_than_cqes", small_cq_parent, small_cq_child, NULL);
 	t_pair("both_sides_read_each_other", xread_parent, xread_child, NULL);
-	t_pair("both_sides_read_each_other_one_at_a_time_asleep", xread_parent, xread_child,
+	t_pair("both_sides_read_each_other_progress_thread_sends", xread_parent, xread_child,
 	       (void *)1);
 	return t_finish();
 }
