@@ -318,10 +318,15 @@ int urdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 	pthread_mutex_lock(&cq->lock);
 	cq->armed = mode;
 	list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
+		/* Read once: qp_disconnect clears it under the send CQ's lock
+		 * only, then passes through this one before the transport
+		 * lets go. */
+		const struct urdma_transport_ops *tr =
+			__atomic_load_n(&qp->tr, __ATOMIC_RELAXED);
+
 		atomic_store(&qp->shm->notify, mode);
-		/* qp->tr is cleared under CQ locks (qp_disconnect). */
-		if (qp->tr && qp->tr->armed)
-			qp->tr->armed(qp);
+		if (tr && tr->armed)
+			tr->armed(qp);
 	}
 	/* Pairs with the fence in the deliverer (responder_notify): armed
 	 * before the caller's next poll reads rq_done. */
@@ -351,6 +356,24 @@ static void cq_progress_sends(struct urdma_cq *cq)
 /* Let transports that receive in software (TCP) take what has arrived,
  * so a polling application needs no thread switch.  Outside cq->lock: the
  * receive path completes WRs into CQs. */
+/* Count qp in as a poller of its transport if it has one that polls.
+ * Under cq->lock; qp->tr read once (qp_disconnect clears it under the
+ * send CQ's lock only). */
+static int cq_take_poller(struct urdma_qp *qp,
+			  const struct urdma_transport_ops **trs,
+			  struct urdma_qp **qps, int n)
+{
+	const struct urdma_transport_ops *tr =
+		__atomic_load_n(&qp->tr, __ATOMIC_RELAXED);
+
+	if (n >= 8 || !tr || !tr->poll)
+		return n;
+	atomic_fetch_add(&qp->pollers, 1);
+	trs[n] = tr;
+	qps[n] = qp;
+	return n + 1;
+}
+
 static void cq_poll_transports(struct urdma_cq *cq)
 {
 	const struct urdma_transport_ops *trs[8];
@@ -360,21 +383,11 @@ static void cq_poll_transports(struct urdma_cq *cq)
 	/* The transport is read under the lock, once: qp_disconnect clears
 	 * qp->tr before it waits for the pollers counted here. */
 	pthread_mutex_lock(&cq->lock);
-	list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
-		if (n < 8 && qp->tr && qp->tr->poll) {
-			atomic_fetch_add(&qp->pollers, 1);
-			trs[n] = qp->tr;
-			qps[n++] = qp;
-		}
-	}
-	list_for_each_entry(qp, &cq->send_qps, scq_node) {
-		if (n < 8 && qp->tr && qp->tr->poll &&
-		    to_ucq(qp->ibqp.recv_cq) != cq) {
-			atomic_fetch_add(&qp->pollers, 1);
-			trs[n] = qp->tr;
-			qps[n++] = qp;
-		}
-	}
+	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
+		n = cq_take_poller(qp, trs, qps, n);
+	list_for_each_entry(qp, &cq->send_qps, scq_node)
+		if (to_ucq(qp->ibqp.recv_cq) != cq)
+			n = cq_take_poller(qp, trs, qps, n);
 	pthread_mutex_unlock(&cq->lock);
 	for (int i = 0; i < n; i++) {
 		trs[i]->poll(qps[i]);

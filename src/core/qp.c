@@ -208,7 +208,7 @@ static void qp_disconnect(struct urdma_qp *qp)
 		return;
 	qp_count_polled(qp, -1);
 	pthread_mutex_lock(&scq->lock);
-	qp->tr = NULL;
+	__atomic_store_n(&qp->tr, NULL, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&scq->lock);
 	pthread_mutex_lock(&rcq->lock);
 	pthread_mutex_unlock(&rcq->lock);
