@@ -54,7 +54,6 @@ void *urdma_space_ptr(struct urdma_peer *peer, uint64_t va, uint64_t *avail)
 	return peer ? urdma_peer_ptr(peer, va, avail) : urdma_self_ptr(va, avail);
 }
 
-/* Copy len bytes from the spans s (in speer's memory) to d (in dpeer's). */
 /*
  * Copy n bytes storing each destination byte exactly once.  glibc's memcpy
  * stores some bytes twice (overlapping vector stores at the ends); a target
@@ -86,6 +85,7 @@ static inline void copy_once(uint8_t *d, const uint8_t *s, uint64_t n)
 		*d++ = *s++;
 }
 
+/* Copy len bytes from the spans s (in speer's memory) to d (in dpeer's). */
 int urdma_copy_spans(struct urdma_peer *dpeer, const struct urdma_span *d,
 		     int nd, struct urdma_peer *speer,
 		     const struct urdma_span *s, int ns, uint64_t len)

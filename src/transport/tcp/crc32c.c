@@ -4,7 +4,8 @@
  *
  *  - AVX-512 with VPCLMULQDQ: carry-less multiplication folds the data
  *    256 bytes per round into four 512-bit accumulators (16 independent
- *    128-bit lanes); the crc32 instruction finishes the last 16 bytes.
+ *    128-bit lanes); the crc32 instruction finishes the folded 16 bytes
+ *    and the tail (under 256 bytes).
  *  - SSE4.2: the crc32 instruction on three interleaved streams (its
  *    latency is three cycles, its throughput one per cycle), the three
  *    partial CRCs joined with precomputed "shift by n zero bytes" operators.
@@ -176,8 +177,7 @@ static const struct urdma_crc32c_impl impls[] = {
 #endif
 	{ "table", crc32c_sw },
 };
-static int n_usable; /* impls[first .. ] run here */
-static int first;
+static int first; /* impls[first ..] run here, the first in use */
 
 __attribute__((constructor)) static void crc32c_init(void)
 {
@@ -221,7 +221,6 @@ __attribute__((constructor)) static void crc32c_init(void)
 			first = 0;
 	}
 #endif
-	n_usable = (int)(sizeof(impls) / sizeof(impls[0])) - first;
 }
 
 uint32_t urdma_crc32c_update(uint32_t crc, const void *buf, size_t len)
@@ -232,5 +231,5 @@ uint32_t urdma_crc32c_update(uint32_t crc, const void *buf, size_t len)
 int urdma_crc32c_impls(const struct urdma_crc32c_impl **list)
 {
 	*list = impls + first;
-	return n_usable;
+	return (int)(sizeof(impls) / sizeof(impls[0])) - first;
 }

@@ -117,9 +117,7 @@ struct tcp_conn {
 	int fd;
 	_Atomic int state;
 	bool crc;
-	/* The QP lets go: set before taking rx_lock, so that a receive path
-	 * blocked sending a response to a peer that does not read gives up
-	 * (tx_all). */
+	/* The QP lets go: a sender waiting for room gives up (tx_wait). */
 	_Atomic bool closing;
 	struct urdma_qp *qp;
 	uint32_t local_qpn, peer_qpn;
@@ -217,7 +215,6 @@ static void conn_cb(struct urdma_watcher *w, uint32_t events);
 static void conn_release(struct urdma_watcher *w);
 static void rx_locked(struct tcp_conn *c);
 static void conn_park(struct tcp_conn *c, bool park);
-static void tx_unpark_try(struct tcp_conn *c);
 
 /* ---- listeners and QP numbers ---- */
 
@@ -505,9 +502,6 @@ static void seg_close(struct tcp_conn *c, struct tx_seg *s, uint32_t crc)
 	memcpy(s->trailer + pad, &v, 4);
 }
 
-static uint32_t put_tagged(uint8_t *h, unsigned op, uint32_t stag,
-			   uint64_t to);
-
 /*
  * Frame the next FPDUs of a message into seg and iov: hdr (DDP+RDMAP
  * header and any opcode header, hlen bytes, ULPDU length not included)
@@ -594,9 +588,11 @@ static bool conn_giving_up(struct tcp_conn *c)
 /*
  * Wait until the socket takes more, or the stream is given up.  The peer
  * may be waiting for us to read (both sides sending at once): a thread that
- * waits for room receives meanwhile, unless another thread is at it.  The
- * receive path it runs never waits for tx_lock (responses are queued, a
- * Terminate only try-locks), so holding it here is safe.  Under tx_lock.
+ * waits for room receives meanwhile (and ends a send-time park), unless
+ * another thread is at it.  The receive path it runs never waits for
+ * tx_lock (responses are queued, a Terminate only try-locks, a WR it makes
+ * runnable is not sent from there: rx_owner), so holding it here is safe.
+ * Under tx_lock.
  */
 static int tx_wait(struct tcp_conn *c)
 {
@@ -604,8 +600,11 @@ static int tx_wait(struct tcp_conn *c)
 
 	if (conn_giving_up(c))
 		return -EPIPE;
-	tx_unpark_try(c);
+	/* If rx_lock is busy, its holder is receiving; tcp_maintain unparks
+	 * a stream that nobody polls. */
 	if (!pthread_mutex_trylock(&c->rx_lock)) {
+		if (atomic_exchange(&c->tx_parked, false) && !c->closing)
+			conn_park(c, false);
 		rx_locked(c);
 		/* Wake for data too, unless a Send waits for a receive. */
 		if (!atomic_load(&c->stalled) && !atomic_load(&c->dead))
@@ -1429,8 +1428,8 @@ static int rx_read_req(struct tcp_conn *c, const struct iwarp_msg *m,
 				  TERM_HDRCT_D | TERM_HDRCT_R);
 		return RX_ERR;
 	}
-	/* A flush's answer waits for our next message, or for the end of
-	 * this receive pass, so that the application sees the message
+	/* A flush's answer waits for our next message, two quiet polls, or
+	 * the progress thread, so that the application sees the message
 	 * before we make a system call for it.  Data goes now. */
 	if (rr->size)
 		rsp_send(c);
@@ -1785,10 +1784,8 @@ static void conn_up(struct tcp_conn *c)
 	conn_sync_timeout(c, qp);
 	atomic_store(&c->state, C_UP);
 	__atomic_store_n(&qp->tr_priv, c, __ATOMIC_RELEASE);
-	/* Edge-triggered: one wake-up per arrival, which the progress thread
-	 * leaves to an application that is polling anyway. */
-	urdma_progress_watch_events(c->fd, EPOLLIN | EPOLLET, URDMA_WATCH_FN,
-				    &c->w, true);
+	/* Edge-triggered: one wake-up per arrival (unless parked). */
+	conn_watch(c);
 	urdma_dbg("tcp: qp %#x <-> qp %#x connected%s", c->local_qpn,
 		  c->peer_qpn, c->crc ? " (CRC)" : "");
 	/* FPDUs that came with the Reply (rbuf), and WRs waiting for the
@@ -1966,8 +1963,8 @@ static void conn_park(struct tcp_conn *c, bool park)
  * on a busy core taking its time from the sender, only to wait for the
  * socket.  So the sending thread parks the stream for the send (when it
  * was not parked already) and takes the answers itself afterwards.  While
- * the send waits for room, the stream is unparked: the peer may be waiting
- * for us to read.  sq_lock, not tx_lock, held.
+ * the send waits for room, the stream is unparked and read (tx_wait): the
+ * peer may be waiting for us to read.  sq_lock, not tx_lock, held.
  */
 #define TX_PARK_MIN (128 * 1024)
 
@@ -1996,17 +1993,6 @@ static void tx_unpark(struct tcp_conn *c)
 	}
 	pthread_mutex_unlock(&c->rx_lock);
 	rsp_send(c);
-}
-
-/* The same from a send waiting for room (tx_lock held: only try).  If
- * rx_lock is busy, tcp_maintain unparks a stream nobody polls. */
-static void tx_unpark_try(struct tcp_conn *c)
-{
-	if (!atomic_load(&c->tx_parked) || pthread_mutex_trylock(&c->rx_lock))
-		return;
-	if (atomic_exchange(&c->tx_parked, false) && !c->closing)
-		conn_park(c, false);
-	pthread_mutex_unlock(&c->rx_lock);
 }
 
 static void conn_cb(struct urdma_watcher *w, uint32_t events)
@@ -2132,8 +2118,8 @@ static void tcp_disconnect(struct urdma_qp *qp)
 	if (l)
 		l->reg[qp->ibqp.qp_num & 0xff].ready = false;
 	if (c) {
-		/* closing first: a peer that reads nothing must not hold us in
-		 * tx_all.  The answers a peer waits for go if they can. */
+		/* closing first: a sender waiting for room gives up.  The
+		 * answers a peer waits for go if the socket takes them. */
 		atomic_store(&c->closing, true);
 		rsp_send(c);
 		pthread_mutex_lock(&c->rx_lock);
