@@ -245,6 +245,9 @@ bool t_fd_readable(int fd, int ms);
 
 uint64_t t_now_ms(void);
 void t_sleep_ms(unsigned ms);
+/* The number of open fds of this process, or -1 if /proc/self/fd can't be
+ * read. */
+int t_count_fds(void);
 /* Deterministic byte pattern. t_pattern_check returns the offset of the
  * first mismatch, or -1. */
 void t_pattern_fill(void *buf, size_t len, unsigned seed);

@@ -185,20 +185,6 @@ static void check_signals(void)
 
 /* ---- fds ---- */
 
-static int count_fds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *e;
-	int n = 0;
-
-	if (!d)
-		return -1;
-	while ((e = readdir(d)))
-		if (e->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n - 1; /* the directory's own fd */
-}
 
 /* The open fds as "N -> target" lines. */
 #define MAX_FDS 256
@@ -1076,10 +1062,10 @@ int main(int argc, char **argv)
 			die("cannot write %s", o.pidfile);
 	}
 
-	fds_start = count_fds();
+	fds_start = t_count_fds();
 	get_fds(&l_start);
 	open_device();
-	fds_before = count_fds();
+	fds_before = t_count_fds();
 	get_fds(&l_before);
 
 	ctrl_open();
@@ -1142,7 +1128,7 @@ int main(int argc, char **argv)
 	if (ibv_destroy_qp(qp))
 		fail("ibv_destroy_qp failed");
 	t = now_ms();
-	while ((fds_after = count_fds()) != fds_before && now_ms() - t < FD_WAIT_MS)
+	while ((fds_after = t_count_fds()) != fds_before && now_ms() - t < FD_WAIT_MS)
 		usleep(10000);
 	printf("[%s] FDS before_connection=%d after_destroy_qp=%d (%.0f ms after destroy)\n",
 	       role, fds_before, fds_after, now_ms() - t);
@@ -1158,7 +1144,7 @@ int main(int argc, char **argv)
 	ibv_destroy_cq(cq);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
-	fds_end = count_fds();
+	fds_end = t_count_fds();
 	note("fds: %d at start, %d after ibv_close_device%s", fds_start, fds_end,
 	     fds_end != fds_start ? " (informational):" : "");
 	if (fds_end != fds_start) {

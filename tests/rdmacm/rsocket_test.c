@@ -17,7 +17,6 @@
 #include "harness.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -135,13 +134,12 @@ static double cpu_seconds(void)
 
 /* Connections close in the background (TCP transport): wait up to 3 s
  * for the count of open fds to come back to at most n. */
-static int count_fds(void);
 static int settled_fds(int n)
 {
 	int c = -1;
 
 	for (int i = 0; i < 30; i++) {
-		c = count_fds();
+		c = t_count_fds();
 		if (c <= n)
 			break;
 		t_sleep_ms(100);
@@ -149,20 +147,6 @@ static int settled_fds(int n)
 	return c;
 }
 
-static int count_fds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *e;
-	int n = 0;
-
-	if (!d)
-		return -1;
-	while ((e = readdir(d)))
-		if (e->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n;
-}
 
 /* ------------------------------------------------------------------ */
 /* Stream integrity                                                   */
@@ -1074,10 +1058,11 @@ static void fd_server(struct t_peer *p, void *arg)
 		CHECK(rrecv(rs, &c, 1, 0) == 0, "EOF");
 		rclose(rs);
 		if (i == 2)
-			n0 = count_fds();
+			n0 = t_count_fds();
 	}
+	REQUIRE(n0 >= 0, "/proc/self/fd");
 	CHECK(settled_fds(n0) <= n0, "fds: %d after 3 connections, %d after %d", n0,
-	      count_fds(), CYCLES);
+	      t_count_fds(), CYCLES);
 	rclose(ls);
 }
 
@@ -1094,10 +1079,11 @@ static void fd_client(struct t_peer *p, void *arg)
 		recv_all(rs, &c, 1, 1);
 		rclose(rs);
 		if (i == 2)
-			n0 = count_fds();
+			n0 = t_count_fds();
 	}
+	REQUIRE(n0 >= 0, "/proc/self/fd");
 	CHECK(settled_fds(n0) <= n0, "fds: %d after 3 connections, %d after %d", n0,
-	      count_fds(), CYCLES);
+	      t_count_fds(), CYCLES);
 }
 
 /* ------------------------------------------------------------------ */
