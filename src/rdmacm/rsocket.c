@@ -299,7 +299,6 @@ struct rsocket {
 	struct rs_iomap_local *iomaps;
 	int peer_iomap_allow;		/* how many PROT_WRITE maps the peer holds */
 	struct rs_iomap_peer *peer_iomap;	/* iomap_size entries */
-	int peer_iomap_cnt;
 	struct rs_iomap_msg *iomap_q, *iomap_q_tail;
 
 	/* adaptive spinning */
@@ -1206,7 +1205,7 @@ static void rs_arm(struct rsocket *rs)
 }
 
 /* The fds a sleeper on rs waits for.  Lock held.  Returns how many. */
-static int rs_sleep_fds(struct rsocket *rs, struct pollfd *p, short events)
+static int rs_sleep_fds(struct rsocket *rs, struct pollfd *p)
 {
 	int n = 0;
 
@@ -1222,7 +1221,6 @@ static int rs_sleep_fds(struct rsocket *rs, struct pollfd *p, short events)
 		p[n].revents = 0;
 		n++;
 	}
-	(void)events;
 	return n;
 }
 
@@ -1274,7 +1272,7 @@ static int rs_wait(struct rsocket *rs, rs_cond_fn cond, bool nonblock,
 		rs_progress(rs);
 		if (cond(rs))
 			break;
-		n = rs_sleep_fds(rs, pfd, 0);
+		n = rs_sleep_fds(rs, pfd);
 		ms = RS_WAKE_MS;
 		if (deadline) {
 			uint64_t left = (deadline - t + 999999) / 1000000;
@@ -2106,14 +2104,15 @@ static short rs_revents(struct rsocket *rs, short events)
 	return r & (events | POLLERR | POLLHUP | POLLNVAL);
 }
 
-/* Check every entry once; rsockets make progress.  Returns the number of
- * entries with revents. */
+/* Check every entry once; rsockets make progress.  Normal fds are asked
+ * only with look (else their last answer stands: a system call per spin
+ * would eat the spin).  Returns the number of entries with revents. */
 static int rs_poll_check(struct pollfd *fds, nfds_t nfds, struct rsocket **map,
-			 struct pollfd *norm, int nnorm)
+			 struct pollfd *norm, int nnorm, bool look)
 {
 	int cnt = 0, j = 0;
 
-	if (nnorm > 0) {
+	if (look && nnorm > 0) {
 		int r = poll(norm, (nfds_t)nnorm, 0);
 
 		if (r < 0)
@@ -2190,11 +2189,12 @@ RS_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 		deadline = start + (uint64_t)timeout * 1000000ull;
 	spin_end = start + (rs_spin_us <= 0 ? 0 :
 			    spin_miss >= 8 ? 1000ull : (uint64_t)rs_spin_us * 1000ull);
-	for (;;) {
+	for (bool look = true;;) {
 		int nsl = 0, ms;
 		uint64_t t;
 
-		ret = rs_poll_check(fds, nfds, map, norm, nnorm);
+		ret = rs_poll_check(fds, nfds, map, norm, nnorm, look);
+		look = false; /* until after a sleep */
 		if (ret != 0 || timeout == 0)
 			break;
 		t = now_ns();
@@ -2223,12 +2223,12 @@ RS_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 			fds[i].revents = rs_revents(rs, fds[i].events);
 			if (fds[i].revents)
 				ret++;
-			nsl += rs_sleep_fds(rs, &sl[nsl], fds[i].events);
+			nsl += rs_sleep_fds(rs, &sl[nsl]);
 			pthread_mutex_unlock(&rs->lock);
 		}
 		if (ret) {
 			/* normal fds were not looked at in this pass */
-			ret = rs_poll_check(fds, nfds, map, norm, nnorm);
+			ret = rs_poll_check(fds, nfds, map, norm, nnorm, true);
 			break;
 		}
 		ms = RS_WAKE_MS;
@@ -2240,6 +2240,7 @@ RS_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 		}
 		ret = poll(sl, (nfds_t)nsl, ms);
 		slept = true;
+		look = true;
 		if (ret < 0) {
 			if (errno == EINTR)
 				break;
@@ -2421,7 +2422,6 @@ RS_EXPORT int rclose(int socket)
 			rs_wait(rs, rs_ctl_sent, false, ms);
 			rs_wait(rs, rs_sends_done, false, ms);
 		}
-		rs->closing = true;
 	}
 	rs->closing = true;
 	if (rs->id && !rs->disconnected &&
