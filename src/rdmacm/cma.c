@@ -164,14 +164,6 @@ static struct cma_channel *to_cch(struct rdma_event_channel *ch)
 	return container_of(ch, struct cma_channel, ch);
 }
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
-}
-
 /* ---- initialisation and the CM thread ----------------------------------- */
 
 static void cma_handle_io(struct cma_id *cid);
@@ -182,7 +174,7 @@ static void cma_id_free(struct cma_id *cid);
 
 static int cma_next_timeout_ms(void)
 {
-	uint64_t first = 0, now = now_ns();
+	uint64_t first = 0, now = cma_now_ns();
 	struct cma_id *cid;
 
 	list_for_each_entry(cid, &cma_ids, node)
@@ -228,7 +220,7 @@ static void *cma_thread(void *arg)
 			if (cid)
 				cma_handle_io(cid);
 		}
-		cma_expire(now_ns());
+		cma_expire(cma_now_ns());
 	}
 	return NULL;
 }
@@ -514,7 +506,7 @@ static uint32_t cma_random_psn(void)
 	uint32_t v = 0;
 
 	if (getrandom(&v, sizeof(v), 0) != sizeof(v))
-		v = (uint32_t)now_ns() ^ (uint32_t)getpid() << 8;
+		v = (uint32_t)cma_now_ns() ^ (uint32_t)getpid() << 8;
 	return v & 0xffffff;
 }
 
@@ -1311,7 +1303,7 @@ EXPORT int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_para
 		pthread_mutex_unlock(&cma_lock);
 		return cma_err(e);
 	} else {
-		cid->deadline_ns = now_ns() + CMA_CONNECT_TIMEOUT_MS * 1000000ull;
+		cid->deadline_ns = cma_now_ns() + CMA_CONNECT_TIMEOUT_MS * 1000000ull;
 		cma_kick();
 	}
 	pthread_mutex_unlock(&cma_lock);
@@ -1476,7 +1468,7 @@ static void cma_accept_one(struct cma_id *lis)
 	cid->tos = lis->tos;
 	cid->ack_timeout = lis->ack_timeout;
 	cma_set_route(cid, true);
-	cid->deadline_ns = now_ns() + CMA_REQ_TIMEOUT_MS * 1000000ull;
+	cid->deadline_ns = cma_now_ns() + CMA_REQ_TIMEOUT_MS * 1000000ull;
 	if (cma_watch(cid, EPOLLIN, EPOLL_CTL_ADD))
 		cma_id_free(cid);
 }

@@ -119,6 +119,8 @@
 #include <rdma/rdma_verbs.h>
 #include <rdma/rsocket.h>
 
+#include "rdmacm/cma.h"
+
 #define RS_EXPORT __attribute__((visibility("default")))
 
 /* ------------------------------------------------------------------ */
@@ -325,14 +327,6 @@ static void rs_global_init(void)
 	}
 }
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static inline void cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -340,12 +334,6 @@ static inline void cpu_relax(void)
 #else
 	__asm__ __volatile__("" ::: "memory");
 #endif
-}
-
-static inline int set_errno(int e)
-{
-	errno = e;
-	return -1;
 }
 
 static uint32_t clamp_u32(uint64_t v, uint32_t lo, uint32_t hi)
@@ -1114,7 +1102,7 @@ static void rs_conn_event(struct rsocket *rs, struct rdma_cm_event *ev)
 			rs_save_conn_data(rs, ev->param.conn.private_data);
 			rdma_ack_cm_event(ev);
 			rs->state = RS_CONNECTED;
-			rs->cm_next_check = now_ns() + RS_CM_CHECK_NS;
+			rs->cm_next_check = cma_now_ns() + RS_CM_CHECK_NS;
 			return;
 		}
 		rdma_ack_cm_event(ev);
@@ -1174,9 +1162,9 @@ static void rs_progress(struct rsocket *rs)
 			rs_flush_ctl(rs);
 			rs_update_credits(rs);
 		}
-		if (rs->cm_due || now_ns() >= rs->cm_next_check) {
+		if (rs->cm_due || cma_now_ns() >= rs->cm_next_check) {
 			rs_cm_events(rs);
-			rs->cm_next_check = now_ns() + RS_CM_CHECK_NS;
+			rs->cm_next_check = cma_now_ns() + RS_CM_CHECK_NS;
 		}
 	} else if (rs->state != RS_IDLE && rs->state != RS_FAILED) {
 		rs_cm_events(rs);
@@ -1241,7 +1229,7 @@ typedef bool (*rs_cond_fn)(struct rsocket *rs);
 static int rs_wait(struct rsocket *rs, rs_cond_fn cond, bool nonblock,
 		   int timeout_ms)
 {
-	uint64_t start = now_ns(), spin_end, deadline = 0;
+	uint64_t start = cma_now_ns(), spin_end, deadline = 0;
 	bool slept = false;
 
 	if (timeout_ms >= 0)
@@ -1257,7 +1245,7 @@ static int rs_wait(struct rsocket *rs, rs_cond_fn cond, bool nonblock,
 			break;
 		if (nonblock)
 			return -EAGAIN;
-		t = now_ns();
+		t = cma_now_ns();
 		if (deadline && t >= deadline)
 			return -ETIMEDOUT;
 		if (t < spin_end) {
@@ -1293,7 +1281,7 @@ static int rs_wait(struct rsocket *rs, rs_cond_fn cond, bool nonblock,
 	}
 	if (!slept)
 		rs->spin_miss = 0;
-	else if (now_ns() - start > 1000000ull)
+	else if (cma_now_ns() - start > 1000000ull)
 		rs->spin_miss++;
 	else
 		rs->spin_miss = 0;
@@ -1310,17 +1298,17 @@ RS_EXPORT int rsocket(int domain, int type, int protocol)
 	int base = type & ~(SOCK_NONBLOCK | SOCK_CLOEXEC), ret;
 
 	if (domain != AF_INET && domain != AF_INET6)
-		return set_errno(EAFNOSUPPORT);
+		return cma_err(EAFNOSUPPORT);
 	if (base == SOCK_DGRAM)
-		return set_errno(EOPNOTSUPP);	/* UD rsockets: not yet */
+		return cma_err(EOPNOTSUPP);	/* UD rsockets: not yet */
 	if (base != SOCK_STREAM)
-		return set_errno(EPROTONOSUPPORT);
+		return cma_err(EPROTONOSUPPORT);
 	if (protocol != 0 && protocol != IPPROTO_TCP)
-		return set_errno(EPROTONOSUPPORT);
+		return cma_err(EPROTONOSUPPORT);
 
 	rs = rs_alloc(NULL, domain);
 	if (!rs)
-		return set_errno(ENOMEM);
+		return cma_err(ENOMEM);
 	rs->chan = rdma_create_event_channel();
 	if (!rs->chan)
 		goto err;
@@ -1341,7 +1329,7 @@ RS_EXPORT int rsocket(int domain, int type, int protocol)
 err:
 	ret = errno ? errno : ENOMEM;
 	rs_free(rs);
-	return set_errno(ret);
+	return cma_err(ret);
 }
 
 static int rs_check_addr(struct rsocket *rs, const struct sockaddr *addr,
@@ -1382,7 +1370,7 @@ RS_EXPORT int rbind(int socket, const struct sockaddr *addr, socklen_t addrlen)
 	if (!ret)
 		rs->bound = true;
 	pthread_mutex_unlock(&rs->lock);
-	return ret ? set_errno(ret) : 0;
+	return ret ? cma_err(ret) : 0;
 }
 
 RS_EXPORT int rlisten(int socket, int backlog)
@@ -1424,7 +1412,7 @@ RS_EXPORT int rlisten(int socket, int backlog)
 	rs->state = RS_LISTENING;
 out:
 	pthread_mutex_unlock(&rs->lock);
-	return ret ? set_errno(ret) : 0;
+	return ret ? cma_err(ret) : 0;
 }
 
 static bool rs_has_request(struct rsocket *rs)
@@ -1496,7 +1484,7 @@ static int rs_accept_one(struct rsocket *ls, struct rs_req *r)
 	if (rdma_accept(rs->id, &param))
 		goto err_reject;
 	rs->state = RS_CONNECTED;
-	rs->cm_next_check = now_ns() + RS_CM_CHECK_NS;
+	rs->cm_next_check = cma_now_ns() + RS_CM_CHECK_NS;
 	ret = rs_index_insert(rs);
 	if (ret) {
 		errno = -ret;
@@ -1533,12 +1521,12 @@ RS_EXPORT int raccept(int socket, struct sockaddr *addr, socklen_t *addrlen)
 	for (;;) {
 		if (ls->state != RS_LISTENING) {
 			pthread_mutex_unlock(&ls->lock);
-			return set_errno(EINVAL);
+			return cma_err(EINVAL);
 		}
 		ret = rs_wait(ls, rs_has_request, ls->nonblock, -1);
 		if (ret) {
 			pthread_mutex_unlock(&ls->lock);
-			return set_errno(-ret);
+			return cma_err(-ret);
 		}
 		if (ls->state != RS_LISTENING)
 			continue;
@@ -1556,7 +1544,7 @@ RS_EXPORT int raccept(int socket, struct sockaddr *addr, socklen_t *addrlen)
 		if (ret < 0) {
 			if (ls->nonblock) {
 				pthread_mutex_unlock(&ls->lock);
-				return set_errno(-ret == EAGAIN ? ECONNABORTED : -ret);
+				return cma_err(-ret == EAGAIN ? ECONNABORTED : -ret);
 			}
 			continue;
 		}
@@ -1653,7 +1641,7 @@ RS_EXPORT int rconnect(int socket, const struct sockaddr *addr, socklen_t addrle
 	}
 out:
 	pthread_mutex_unlock(&rs->lock);
-	return ret ? set_errno(ret) : 0;
+	return ret ? cma_err(ret) : 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1843,7 +1831,7 @@ static ssize_t rs_sendv(int socket, const struct iovec *iov, int iovcnt,
 		return -1;
 	ret = rs_iov_check(iov, iovcnt, flags, &total);
 	if (ret)
-		return set_errno(ret);
+		return cma_err(ret);
 	pthread_mutex_lock(&rs->lock);
 	nonblock = rs->nonblock || (flags & MSG_DONTWAIT);
 	ret = rs_wait_connected(rs, nonblock);
@@ -1893,7 +1881,7 @@ static ssize_t rs_sendv(int socket, const struct iovec *iov, int iovcnt,
 out:
 	pthread_mutex_unlock(&rs->lock);
 	if (ret)
-		return set_errno(ret);
+		return cma_err(ret);
 	return (ssize_t)sent;
 }
 
@@ -1916,7 +1904,7 @@ RS_EXPORT ssize_t rsendto(int socket, const void *buf, size_t len, int flags,
 RS_EXPORT ssize_t rsendmsg(int socket, const struct msghdr *msg, int flags)
 {
 	if (!msg)
-		return set_errno(EFAULT);
+		return cma_err(EFAULT);
 	return rs_sendv(socket, msg->msg_iov, (int)msg->msg_iovlen, flags);
 }
 
@@ -1949,7 +1937,7 @@ static ssize_t rs_recvv(int socket, const struct iovec *iov, int iovcnt,
 		return -1;
 	ret = rs_iov_check(iov, iovcnt, flags, &total);
 	if (ret)
-		return set_errno(ret);
+		return cma_err(ret);
 	pthread_mutex_lock(&rs->lock);
 	nonblock = rs->nonblock || (flags & MSG_DONTWAIT);
 	ret = rs_wait_connected(rs, nonblock);
@@ -2011,7 +1999,7 @@ static ssize_t rs_recvv(int socket, const struct iovec *iov, int iovcnt,
 out:
 	pthread_mutex_unlock(&rs->lock);
 	if (ret)
-		return set_errno(ret);
+		return cma_err(ret);
 	return (ssize_t)got;
 }
 
@@ -2038,7 +2026,7 @@ RS_EXPORT ssize_t rrecvmsg(int socket, struct msghdr *msg, int flags)
 	ssize_t ret;
 
 	if (!msg)
-		return set_errno(EFAULT);
+		return cma_err(EFAULT);
 	ret = rs_recvv(socket, msg->msg_iov, (int)msg->msg_iovlen, flags);
 	if (ret >= 0) {
 		msg->msg_namelen = 0;
@@ -2146,9 +2134,9 @@ RS_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 	bool slept = false;
 
 	if (nfds && !fds)
-		return set_errno(EFAULT);
+		return cma_err(EFAULT);
 	if (nfds > (nfds_t)INT_MAX / 3)
-		return set_errno(EINVAL);
+		return cma_err(EINVAL);
 	for (nfds_t i = 0; i < nfds; i++)
 		if (rs_lookup(fds[i].fd))
 			nrs++;
@@ -2161,13 +2149,13 @@ RS_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 		if (!map || !norm) {
 			free(map);
 			free(norm);
-			return set_errno(ENOMEM);
+			return cma_err(ENOMEM);
 		}
 	}
 	if (nfds * 3 > 48) {
 		sl = calloc(nfds * 3, sizeof(*sl));
 		if (!sl) {
-			ret = set_errno(ENOMEM);
+			ret = cma_err(ENOMEM);
 			goto out;
 		}
 	}
@@ -2184,7 +2172,7 @@ RS_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 		}
 	}
 
-	start = now_ns();
+	start = cma_now_ns();
 	if (timeout > 0)
 		deadline = start + (uint64_t)timeout * 1000000ull;
 	spin_end = start + (rs_spin_us <= 0 ? 0 :
@@ -2197,7 +2185,7 @@ RS_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 		look = false; /* until after a sleep */
 		if (ret != 0 || timeout == 0)
 			break;
-		t = now_ns();
+		t = cma_now_ns();
 		if (deadline && t >= deadline)
 			break;
 		if (t < spin_end) {
@@ -2263,7 +2251,7 @@ RS_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 	}
 	/* adapt: a wait that needed a long sleep means spinning was wasted */
 	if (ret > 0) {
-		bool long_wait = slept && now_ns() - start > 1000000ull;
+		bool long_wait = slept && cma_now_ns() - start > 1000000ull;
 
 		for (nfds_t i = 0; i < nfds; i++) {
 			struct rsocket *rs = map[i];
@@ -2293,10 +2281,10 @@ RS_EXPORT int rselect(int nfds, fd_set *readfds, fd_set *writefds,
 	int n = 0, ret, timeout_ms, cnt = 0;
 
 	if (nfds < 0 || nfds > FD_SETSIZE)
-		return set_errno(EINVAL);
+		return cma_err(EINVAL);
 	if (timeout) {
 		if (timeout->tv_sec < 0 || timeout->tv_usec < 0)
-			return set_errno(EINVAL);
+			return cma_err(EINVAL);
 		if (timeout->tv_sec > INT_MAX / 1000 - 1)
 			timeout_ms = INT_MAX;
 		else
@@ -2307,7 +2295,7 @@ RS_EXPORT int rselect(int nfds, fd_set *readfds, fd_set *writefds,
 	}
 	fds = calloc(nfds ? (size_t)nfds : 1, sizeof(*fds));
 	if (!fds)
-		return set_errno(ENOMEM);
+		return cma_err(ENOMEM);
 	for (int fd = 0; fd < nfds; fd++) {
 		short ev = 0;
 
@@ -2333,7 +2321,7 @@ RS_EXPORT int rselect(int nfds, fd_set *readfds, fd_set *writefds,
 
 		if (r & POLLNVAL) {
 			free(fds);
-			return set_errno(EBADF);
+			return cma_err(EBADF);
 		}
 	}
 	if (readfds)
@@ -2385,7 +2373,7 @@ RS_EXPORT int rshutdown(int socket, int how)
 	if (!rs)
 		return -1;
 	if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
-		return set_errno(EINVAL);
+		return cma_err(EINVAL);
 	pthread_mutex_lock(&rs->lock);
 	if (rs->state != RS_CONNECTED) {
 		ret = ENOTCONN;
@@ -2401,7 +2389,7 @@ RS_EXPORT int rshutdown(int socket, int how)
 	}
 out:
 	pthread_mutex_unlock(&rs->lock);
-	return ret ? set_errno(ret) : 0;
+	return ret ? cma_err(ret) : 0;
 }
 
 RS_EXPORT int rclose(int socket)
@@ -2457,11 +2445,11 @@ static int rs_getname(int socket, struct sockaddr *addr, socklen_t *addrlen,
 	if (!rs)
 		return -1;
 	if (!addr || !addrlen)
-		return set_errno(EFAULT);
+		return cma_err(EFAULT);
 	pthread_mutex_lock(&rs->lock);
 	if (peer && rs->state != RS_CONNECTED) {
 		pthread_mutex_unlock(&rs->lock);
-		return set_errno(ENOTCONN);
+		return cma_err(ENOTCONN);
 	}
 	rs_copy_addr(addr, addrlen,
 		     peer ? rdma_get_peer_addr(rs->id) :
@@ -2676,7 +2664,7 @@ RS_EXPORT int rsetsockopt(int socket, int level, int optname,
 		break;
 	}
 	pthread_mutex_unlock(&rs->lock);
-	return ret ? set_errno(ret) : 0;
+	return ret ? cma_err(ret) : 0;
 }
 
 RS_EXPORT int rgetsockopt(int socket, int level, int optname,
@@ -2689,7 +2677,7 @@ RS_EXPORT int rgetsockopt(int socket, int level, int optname,
 	if (!rs)
 		return -1;
 	if (!optval || !optlen)
-		return set_errno(EFAULT);
+		return cma_err(EFAULT);
 	pthread_mutex_lock(&rs->lock);
 	switch (level) {
 	case SOL_SOCKET:
@@ -2804,7 +2792,7 @@ RS_EXPORT int rgetsockopt(int socket, int level, int optname,
 		}
 	}
 	pthread_mutex_unlock(&rs->lock);
-	return ret ? set_errno(ret) : 0;
+	return ret ? cma_err(ret) : 0;
 }
 
 RS_EXPORT int rfcntl(int socket, int cmd, ... /* arg */)
@@ -2837,7 +2825,7 @@ RS_EXPORT int rfcntl(int socket, int cmd, ... /* arg */)
 		ret = fcntl(rs->fd, F_SETFD, (int)arg);
 		break;
 	default:
-		ret = set_errno(EINVAL);
+		ret = cma_err(EINVAL);
 		break;
 	}
 	pthread_mutex_unlock(&rs->lock);
@@ -2880,7 +2868,7 @@ RS_EXPORT off_t riomap(int socket, void *buf, size_t len, int prot, int flags,
 		return -1;
 	if (!buf || !len || flags || (prot != PROT_WRITE && prot != PROT_NONE) ||
 	    (offset < 0 && offset != -1))
-		return set_errno(EINVAL);
+		return cma_err(EINVAL);
 	pthread_mutex_lock(&rs->lock);
 	if (rs->state != RS_CONNECTED || !rs->pd || rs->conn_dead) {
 		ret = EINVAL;
@@ -2929,7 +2917,7 @@ RS_EXPORT off_t riomap(int socket, void *buf, size_t len, int prot, int flags,
 	offset = (off_t)m->offset;
 out:
 	pthread_mutex_unlock(&rs->lock);
-	return ret ? set_errno(ret) : offset;
+	return ret ? cma_err(ret) : offset;
 }
 
 RS_EXPORT int riounmap(int socket, void *buf, size_t len)
@@ -2954,7 +2942,7 @@ RS_EXPORT int riounmap(int socket, void *buf, size_t len)
 		break;
 	}
 	pthread_mutex_unlock(&rs->lock);
-	return ret ? set_errno(ret) : 0;
+	return ret ? cma_err(ret) : 0;
 }
 
 RS_EXPORT size_t riowrite(int socket, const void *buf, size_t count, off_t offset,
@@ -2970,7 +2958,7 @@ RS_EXPORT size_t riowrite(int socket, const void *buf, size_t count, off_t offse
 	if (!rs)
 		return (size_t)-1;
 	if ((count && !buf) || offset < 0)
-		return (size_t)set_errno(count && !buf ? EFAULT : EINVAL);
+		return (size_t)cma_err(count && !buf ? EFAULT : EINVAL);
 	pthread_mutex_lock(&rs->lock);
 	nonblock = rs->nonblock || (flags & MSG_DONTWAIT);
 	if (rs->state != RS_CONNECTED) {
@@ -3026,6 +3014,6 @@ RS_EXPORT size_t riowrite(int socket, const void *buf, size_t count, off_t offse
 out:
 	pthread_mutex_unlock(&rs->lock);
 	if (ret)
-		return (size_t)set_errno(ret);
+		return (size_t)cma_err(ret);
 	return done;
 }
