@@ -1694,11 +1694,18 @@ static bool rs_inline_ok(const struct rsocket *rs, struct rs_iter *it, size_t le
 	       it->iov->iov_len - it->off >= len;
 }
 
+/* Room for a data WR now: a send slot, credits (one kept for control
+ * messages), space in the peer's ring and in ours, no riowrite queued. */
+static bool rs_send_room(struct rsocket *rs)
+{
+	return rs_sq_free(rs) && rs_credits(rs) >= 2 && rs_tx_space(rs) > 0 &&
+	       rs_sbuf_free(rs) > 0 && !rs->iomap_q;
+}
+
+/* A sender would not wait: room, or nothing more will ever go. */
 static bool rs_can_send(struct rsocket *rs)
 {
-	return rs->conn_dead || rs->wr_shut ||
-	       (rs_sq_free(rs) && rs_credits(rs) >= 2 && rs_tx_space(rs) > 0 &&
-		rs_sbuf_free(rs) > 0 && !rs->iomap_q);
+	return rs->conn_dead || rs->wr_shut || rs_send_room(rs);
 }
 
 static bool rs_can_iowrite(struct rsocket *rs)
@@ -1851,8 +1858,7 @@ static ssize_t rs_sendv(int socket, const struct iovec *iov, int iovcnt,
 		}
 		if (total == 0)
 			break;
-		if (!(rs_sq_free(rs) && rs_credits(rs) >= 2 && rs_tx_space(rs) > 0 &&
-		      rs_sbuf_free(rs) > 0 && !rs->iomap_q)) {
+		if (!rs_send_room(rs)) {
 			int w = rs_wait(rs, rs_can_send, nonblock, -1);
 
 			if (w == -EAGAIN) {
@@ -2076,9 +2082,7 @@ static short rs_revents(struct rsocket *rs, short events)
 			r |= POLLIN;
 		if (rs->peer_shut || rs->conn_dead)
 			r |= POLLRDHUP;
-		if (rs->wr_shut || rs->conn_dead ||
-		    (rs_sq_free(rs) && rs_credits(rs) >= 2 && rs_tx_space(rs) > 0 &&
-		     rs_sbuf_free(rs) > 0 && !rs->iomap_q))
+		if (rs_can_send(rs))
 			r |= POLLOUT;
 		/* as TCP: the peer's clean end of stream is POLLIN|POLLRDHUP;
 		 * POLLHUP once both directions are shut, or on a reset */
