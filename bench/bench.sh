@@ -82,10 +82,12 @@ have() {
 if have taskset util-linux && [ "$(nproc 2>/dev/null || echo 1)" -ge 2 ]; then
     PIN_SRV=(taskset -c 1)
     PIN_CLI=(taskset -c 0)
+    PIN_TEXT="server on CPU 1 / client on CPU 0"
 else
     say "bench: fewer than 2 CPUs or no taskset: not pinning"
     PIN_SRV=()
     PIN_CLI=()
+    PIN_TEXT="not pinned"
 fi
 have timeout coreutils || exit 2
 have ss iproute2 || exit 2
@@ -325,7 +327,7 @@ row() {  # metric urdma peer-name peer goal-op goal-limit goal-text
     echo
     echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -srm), $(nproc) CPUs" \
          "($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), loopback," \
-         "server on CPU 1 / client on CPU 0, median of up to $DONE_REPS runs" \
+         "$PIN_TEXT, median of up to $DONE_REPS runs" \
          "(runs per metric: send_lat $(count send_lat), write_lat $(count write_lat)," \
          "write_bw $(count write_bw), send_rate $(count send_rate), ucx_lat $(count ucx_lat)," \
          "ucx_rate $(count ucx_rate), ucx_put $(count ucx_put), fi_bw $(count fi_bw)); GB = 1e9 B."
@@ -658,8 +660,8 @@ bench_cm() {
         echo
         echo "## The connection manager and rsockets"
         echo
-        echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC'), median of up to $REP runs; loopback, server on CPU 1 /" \
-             "client on CPU 0; urdma's QPs over shared memory; GB = 1e9 B."
+        echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC'), median of up to $REP runs; loopback, $PIN_TEXT;" \
+             "urdma's QPs over ${URDMA_TRANSPORT:-auto (shared memory on one host)}; GB = 1e9 B."
         echo
         echo "| path | metric | urdma | peer | peer figure | urdma/peer |"
         echo "|---|---|---|---|---|---|"
