@@ -8,7 +8,7 @@
 # All on 127.0.0.1, then a subset on the host's own address (its first global
 # IPv4 address, if it has one).  Faults: the rping server killed with SIGKILL
 # mid-run (the client must report it and exit), rping to a port nobody
-# listens on (an UNREACHABLE or REJECTED event, promptly).
+# listens on (RDMA_CM_EVENT_UNREACHABLE with -111, ECONNREFUSED, promptly).
 # Usage: clients.sh BUILD_DIR     (exit 0 pass, 1 fail, 77 skip)
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=../compat/common.sh

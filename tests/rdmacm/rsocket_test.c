@@ -555,7 +555,6 @@ static void poll_server(struct t_peer *p, void *arg)
 	CHECK(read(pfds[0], &c, 1) == 1, "read pipe");
 	/* now the rsocket: the client sends after the barrier */
 	t_barrier(p);
-	cpu0 = cpu_seconds();
 	r = rpoll(fds, 2, WAIT_MS);
 	CHECK(r == 1 && (fds[0].revents & POLLIN) && !fds[1].revents,
 	      "rsocket: rpoll %d (%#x %#x)", r, fds[0].revents, fds[1].revents);
