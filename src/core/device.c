@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/cm_link.h"
 #include "core/urdma.h"
 #include "util/log.h"
 
@@ -215,6 +216,11 @@ static void set_ops(struct ibv_context_ops *o)
 	o->post_recv = urdma_post_recv;
 }
 
+static const struct verbs_ex_private cm_link = {
+	.magic = URDMA_CM_LINK_MAGIC,
+	.qp_error_if_live = urdma_qp_error_if_live,
+};
+
 struct ibv_context *urdma_open_device(struct ibv_device *dev)
 {
 	struct urdma_context *uctx;
@@ -245,6 +251,7 @@ struct ibv_context *urdma_open_device(struct ibv_device *dev)
 	list_init(&uctx->cqs);
 	uctx->vctx.sz = sizeof(struct verbs_context);
 	uctx->vctx.query_port = ctx_query_port;
+	uctx->vctx.priv = (struct verbs_ex_private *)&cm_link;
 	uctx->vctx.context.device = dev;
 	uctx->vctx.context.cmd_fd = -1;
 	uctx->vctx.context.num_comp_vectors = 1;

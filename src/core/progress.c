@@ -159,6 +159,36 @@ static void *progress_main(void *arg)
 	return NULL;
 }
 
+/* The connection manager's way to a QP that the application may have
+ * destroyed (core/cm_link.h): looked up under the locks that closing a
+ * context and destroying a QP take, then moved to ERR as maintain_all()
+ * may move a QP there, under the same locks. */
+int urdma_qp_error_if_live(struct ibv_context *ctx, struct ibv_qp *ibqp,
+			   uint32_t qpn)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+	struct urdma_context *uctx;
+	struct urdma_qp *qp;
+	int ret = ENOENT;
+
+	pthread_mutex_lock(&ctx_lock);
+	list_for_each_entry(uctx, &ctxs, node) {
+		if (&uctx->vctx.context != ctx)
+			continue;
+		pthread_mutex_lock(&uctx->lock);
+		list_for_each_entry(qp, &uctx->qps, ctx_node) {
+			if (&qp->ibqp == ibqp && ibqp->qp_num == qpn) {
+				ret = urdma_modify_qp(ibqp, &a, IBV_QP_STATE);
+				break;
+			}
+		}
+		pthread_mutex_unlock(&uctx->lock);
+		break;
+	}
+	pthread_mutex_unlock(&ctx_lock);
+	return ret;
+}
+
 int urdma_progress_add_ctx(struct urdma_context *uctx)
 {
 	int ret = 0;

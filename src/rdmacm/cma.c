@@ -21,6 +21,7 @@
  * or waiting for events to be acknowledged).  An event channel's fd is an
  * eventfd that is readable exactly while its queue is not empty.
  */
+#include "core/cm_link.h"
 #include "rdmacm/cma.h"
 #include "util/list.h"
 #include "util/log.h"
@@ -135,8 +136,12 @@ struct cma_id {
 	/* a message being received */
 	uint8_t rbuf[sizeof(struct cma_msg) + CMA_MAX_PDATA];
 	size_t rlen;
-	/* what rdma_create_qp made for the application */
+	/* what rdma_create_qp made for the application; the QP by context
+	 * and number too, as id.qp may dangle (cma_qp_error) */
 	bool own_cqs;
+	struct ibv_qp *qp_made;
+	struct ibv_context *qp_ctx;
+	uint32_t qpn_made;
 	struct ibv_sa_path_rec path;
 	/* rdma_create_ep on a listener: the QP each request gets */
 	bool has_qp_init;
@@ -958,11 +963,22 @@ static int cma_qp_connect(struct cma_id *cid)
 	return ret;
 }
 
+/* The id's QP to ERR.  The application may have destroyed the QP that
+ * rdma_create_qp made with ibv_destroy_qp, leaving id.qp dangling, so that
+ * one is moved by libibverbs, which finds it by number if it still exists
+ * (core/cm_link.h). */
 static void cma_qp_error(struct cma_id *cid)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+	struct verbs_context *v = cma_ctx ? verbs_get_ctx(cma_ctx) : NULL;
+	const struct verbs_ex_private *link = v ? v->priv : NULL;
 
-	if (cid->id.qp)
+	if (!cid->id.qp)
+		return;
+	if (cid->id.qp == cid->qp_made && link &&
+	    link->magic == URDMA_CM_LINK_MAGIC)
+		link->qp_error_if_live(cid->qp_ctx, cid->qp_made, cid->qpn_made);
+	else
 		ibv_modify_qp(cid->id.qp, &a, IBV_QP_STATE);
 }
 
@@ -1054,13 +1070,16 @@ static int cma_qp_created(struct cma_id *cid, struct ibv_qp *qp, struct ibv_pd *
 {
 	cid->id.qp = qp;
 	cid->id.pd = pd;
+	cid->qp_made = qp;
+	cid->qp_ctx = qp->context;
+	cid->qpn_made = qp->qp_num;
 	if (!cid->id.verbs)
 		cid->id.verbs = qp->context;
 	if (cma_modify(cid, cma_qp_attr_init)) {
 		int e = errno;
 
 		ibv_destroy_qp(qp);
-		cid->id.qp = NULL;
+		cid->id.qp = cid->qp_made = NULL;
 		return cma_err(e);
 	}
 	return 0;
@@ -1149,7 +1168,7 @@ EXPORT void rdma_destroy_qp(struct rdma_cm_id *id)
 	cid = to_cid(id);
 	pthread_mutex_lock(&cma_lock);
 	ibv_destroy_qp(id->qp);
-	id->qp = NULL;
+	id->qp = cid->qp_made = NULL;
 	cma_free_cqs(cid);
 	pthread_mutex_unlock(&cma_lock);
 }

@@ -282,19 +282,33 @@ static void connect_send_disconnect(void *arg)
 	end_free(&l);
 }
 
-/* perftest's teardown: the QP destroyed with ibv_destroy_qp while its id
- * stays connected, then the peer disconnects.  The library must not touch
- * that QP (under ASan a use-after-free is an error). */
+/* perftest's and rping's teardown: the QP destroyed with ibv_destroy_qp
+ * while its id stays connected, then the peer disconnects and the
+ * DISCONNECTED event is taken, which moves the id's QP to ERR.  The library
+ * must not touch the destroyed QP, not even when a new QP now sits at the
+ * same address (under ASan a use-after-free is an error; without it the
+ * new QP would go to ERR). */
 static void qp_destroyed_then_peer_disconnects(void *arg)
 {
 	struct end l = { 0 }, c = { 0 }, s = { 0 };
+	struct ibv_qp_init_attr qa = { .qp_type = IBV_QPT_RC,
+				       .cap = { .max_send_wr = 1, .max_recv_wr = 1,
+						.max_send_sge = 1, .max_recv_sge = 1 } };
+	struct ibv_qp *other;
 
 	client_resolve(&c, listen_on(&l));
 	connect_pair(&l, &c, &s);
+	qa.send_cq = qa.recv_cq = s.cq;
 	CHECK(ibv_destroy_qp(s.id->qp) == 0, "ibv_destroy_qp");
+	other = ibv_create_qp(s.pd, &qa);
+	REQUIRE(other, "ibv_create_qp: %s", strerror(errno));
 	CHECK(rdma_disconnect(c.id) == 0, "rdma_disconnect");
 	expect_ack(c.ch, RDMA_CM_EVENT_DISCONNECTED);
-	t_sleep_ms(100); /* the CM thread has handled the DREQ by now */
+	expect_ack(l.ch, RDMA_CM_EVENT_DISCONNECTED);
+	CHECK(t_qp_state(other) == IBV_QPS_RESET,
+	      "a QP created after the id's was destroyed: %s after DISCONNECTED",
+	      t_qp_state_str(t_qp_state(other)));
+	CHECK(ibv_destroy_qp(other) == 0, "ibv_destroy_qp of the other QP");
 	s.id->qp = NULL; /* destroyed above: not again in end_free */
 	end_free(&s);
 	s.ch = NULL;

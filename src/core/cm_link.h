@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What urdma's libibverbs offers urdma's librdmacm beyond the verbs API.
+ *
+ * When the peer disconnects, the connection manager moves the id's QP to
+ * ERR, as an iWARP RNIC does.  By then the application may have destroyed
+ * that QP with ibv_destroy_qp, leaving rdma_cm_id.qp dangling (perftest
+ * and rping tear down that way).  Hardware stacks take this step in the
+ * kernel, which finds the QP by number; here libibverbs takes it, under
+ * the locks that destroying a QP also takes, so a destroyed QP is simply
+ * not found.
+ *
+ * librdmacm finds it through verbs_context.priv, a pointer that rdma-core's
+ * libibverbs also keeps to itself: no symbol beyond rdma-core 44's is
+ * exported.  The magic tells a urdma context from any other.
+ */
+#ifndef URDMA_CM_LINK_H
+#define URDMA_CM_LINK_H
+
+#include <stdint.h>
+#include <infiniband/verbs.h>
+
+#define URDMA_CM_LINK_MAGIC 0x6b6c6d63616d7275ull /* "urmacmlk" */
+
+struct verbs_ex_private {
+	uint64_t magic;
+	/* Move the QP at qp, numbered qpn, of the open context ctx to ERR.
+	 * 0 if done; ENOENT if ctx is not open or has no such QP. */
+	int (*qp_error_if_live)(struct ibv_context *ctx, struct ibv_qp *qp,
+				uint32_t qpn);
+};
+
+#endif
