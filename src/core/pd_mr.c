@@ -140,10 +140,7 @@ struct ibv_mr *urdma_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length,
 		errno = ENOMEM;
 		return NULL;
 	}
-	uctx->mrs[idx] = mr;
-	uctx->num_mrs = idx + 1;
-	pthread_mutex_unlock(&uctx->lock);
-
+	/* Whole before urdma_mrs_check() can see it. */
 	mr->ibmr.context = ibpd->context;
 	mr->ibmr.pd = ibpd;
 	mr->ibmr.addr = addr;
@@ -156,6 +153,9 @@ struct ibv_mr *urdma_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length,
 	mr->va = va;
 	mr->access = access & ~IBV_ACCESS_OPTIONAL_RANGE;
 	mr_publish(mr, pd->id);
+	uctx->mrs[idx] = mr;
+	uctx->num_mrs = idx + 1;
+	pthread_mutex_unlock(&uctx->lock);
 	atomic_fetch_add(&pd->usecnt, 1);
 	urdma_dbg("mr %#x: [%#lx, +%zu) iova %#lx access %#x", mr->ibmr.lkey,
 		  (unsigned long)va, length, (unsigned long)iova, access);
@@ -179,6 +179,7 @@ int urdma_dereg_mr(struct ibv_mr *ibmr)
 int urdma_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd,
 		   void *addr, size_t length, int access)
 {
+	struct urdma_context *uctx = to_uctx(ibmr->context);
 	struct urdma_mr *mr = to_umr(ibmr);
 	struct ibv_pd *old_pd = ibmr->pd;
 	uint64_t va = (uintptr_t)addr;
@@ -207,6 +208,11 @@ int urdma_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd,
 			errno = -ret;
 			return IBV_REREG_MR_ERR_INPUT;
 		}
+	}
+	/* Under the lock of urdma_mrs_check(), which reads the range and
+	 * flags the entry that mr_publish() rewrites. */
+	pthread_mutex_lock(&uctx->lock);
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
 		mr->va = va;
 		mr->iova = va;
 		mr->length = length;
@@ -221,6 +227,7 @@ int urdma_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd,
 		ibmr->pd = ibpd;
 	}
 	mr_publish(mr, to_upd(ibmr->pd)->id);
+	pthread_mutex_unlock(&uctx->lock);
 	return 0;
 }
 
