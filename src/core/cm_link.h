@@ -2,7 +2,7 @@
 /*
  * What urdma's libibverbs offers urdma's librdmacm beyond the verbs API.
  *
- * When the peer disconnects, the connection manager moves the id's QP to
+ * 1. When the peer disconnects, the connection manager moves the id's QP to
  * ERR, as an iWARP RNIC does.  By then the application may have destroyed
  * that QP with ibv_destroy_qp, leaving rdma_cm_id.qp dangling (perftest
  * and rping tear down that way).  Hardware stacks take this step in the
@@ -10,7 +10,11 @@
  * the locks that destroying a QP also takes, so a destroyed QP is simply
  * not found.
  *
- * librdmacm finds it through verbs_context.priv, a pointer that rdma-core's
+ * 2. An application that has received a message and turns to the connection
+ * manager (perftest -R connects a second time right after its handshake)
+ * should not hold back what its peer waits for: release_held.
+ *
+ * librdmacm finds these through verbs_context.priv, a pointer that rdma-core's
  * libibverbs also keeps to itself: no symbol beyond rdma-core 44's is
  * exported.  The magic tells a urdma context from any other.
  */
@@ -28,6 +32,11 @@ struct verbs_ex_private {
 	 * 0 if done; ENOENT if ctx is not open or has no such QP. */
 	int (*qp_error_if_live)(struct ibv_context *ctx, struct ibv_qp *qp,
 				uint32_t qpn);
+	/* The application turns to setting up connections: answers held back
+	 * to ride with its next message on a QP (TCP flush answers) go now,
+	 * not at the progress thread's next tick, as the peer's Send
+	 * completes only with them. */
+	void (*release_held)(void);
 };
 
 #endif

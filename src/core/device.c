@@ -219,6 +219,7 @@ static void set_ops(struct ibv_context_ops *o)
 static const struct verbs_ex_private cm_link = {
 	.magic = URDMA_CM_LINK_MAGIC,
 	.qp_error_if_live = urdma_qp_error_if_live,
+	.release_held = urdma_release_held,
 };
 
 struct ibv_context *urdma_open_device(struct ibv_device *dev)

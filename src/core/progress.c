@@ -189,6 +189,24 @@ int urdma_qp_error_if_live(struct ibv_context *ctx, struct ibv_qp *ibqp,
 	return ret;
 }
 
+/* The application turned to the connection manager (core/cm_link.h):
+ * what each QP holds back for its next message goes now, from this thread,
+ * as waking the progress thread can take milliseconds on a busy host. */
+void urdma_release_held(void)
+{
+	struct urdma_context *uctx;
+	struct urdma_qp *qp;
+
+	pthread_mutex_lock(&ctx_lock);
+	list_for_each_entry(uctx, &ctxs, node) {
+		pthread_mutex_lock(&uctx->lock);
+		list_for_each_entry(qp, &uctx->qps, ctx_node)
+			urdma_qp_release(qp);
+		pthread_mutex_unlock(&uctx->lock);
+	}
+	pthread_mutex_unlock(&ctx_lock);
+}
+
 int urdma_progress_add_ctx(struct urdma_context *uctx)
 {
 	int ret = 0;

@@ -609,6 +609,14 @@ bool urdma_qp_maintain(struct urdma_qp *qp)
 	return again || qp->sq_pending || atomic_load(&qp->sq_async);
 }
 
+void urdma_qp_release(struct urdma_qp *qp)
+{
+	pthread_mutex_lock(&qp->sq_lock);
+	if (qp->tr && qp->tr->release)
+		qp->tr->release(qp);
+	pthread_mutex_unlock(&qp->sq_lock);
+}
+
 /* ---- receive queue, owner side ---- */
 
 int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)

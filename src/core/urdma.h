@@ -263,6 +263,7 @@ void urdma_cq_notify(struct urdma_cq *cq);
 /* qp.c */
 void urdma_qp_progress(struct urdma_qp *qp);
 int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask);
+void urdma_qp_release(struct urdma_qp *qp);
 void urdma_qp_wr_mark(struct urdma_qp *qp, uint32_t idx,
 		      enum ibv_wc_status status);
 void urdma_qp_wr_kick(struct urdma_qp *qp);
@@ -288,6 +289,7 @@ void urdma_progress_retire(int fd, struct urdma_watcher *w);
 int urdma_progress_add_ctx(struct urdma_context *uctx);
 int urdma_qp_error_if_live(struct ibv_context *ctx, struct ibv_qp *ibqp,
 			   uint32_t qpn);
+void urdma_release_held(void);
 void urdma_progress_del_ctx(struct urdma_context *uctx);
 void urdma_progress_kick(void);
 int urdma_progress_watch(int fd, int kind, void *obj);

@@ -169,6 +169,27 @@ static struct cma_channel *to_cch(struct rdma_event_channel *ch)
 	return container_of(ch, struct cma_channel, ch);
 }
 
+/* urdma's libibverbs beyond the verbs API (core/cm_link.h), or NULL. */
+static const struct verbs_ex_private *cma_link(void)
+{
+	struct ibv_context *ctx = __atomic_load_n(&cma_ctx, __ATOMIC_ACQUIRE);
+	struct verbs_context *v = ctx ? verbs_get_ctx(ctx) : NULL;
+
+	if (!v || !v->priv || v->priv->magic != URDMA_CM_LINK_MAGIC)
+		return NULL;
+	return v->priv;
+}
+
+/* The application sets up a connection: what its QPs hold back for their
+ * next message goes now (core/cm_link.h). */
+static void cma_release_held(void)
+{
+	const struct verbs_ex_private *link = cma_link();
+
+	if (link)
+		link->release_held();
+}
+
 /* ---- initialisation and the CM thread ----------------------------------- */
 
 static void cma_handle_io(struct cma_id *cid);
@@ -822,6 +843,7 @@ EXPORT int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src_addr,
 	struct cma_id *cid;
 	int e;
 
+	cma_release_held();
 	if (!id || !dst_addr)
 		return cma_err(EINVAL);
 	if (dst_addr->sa_family == AF_IB ||
@@ -970,13 +992,11 @@ static int cma_qp_connect(struct cma_id *cid)
 static void cma_qp_error(struct cma_id *cid)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
-	struct verbs_context *v = cma_ctx ? verbs_get_ctx(cma_ctx) : NULL;
-	const struct verbs_ex_private *link = v ? v->priv : NULL;
+	const struct verbs_ex_private *link = cma_link();
 
 	if (!cid->id.qp)
 		return;
-	if (cid->id.qp == cid->qp_made && link &&
-	    link->magic == URDMA_CM_LINK_MAGIC)
+	if (cid->id.qp == cid->qp_made && link)
 		link->qp_error_if_live(cid->qp_ctx, cid->qp_made, cid->qpn_made);
 	else
 		ibv_modify_qp(cid->id.qp, &a, IBV_QP_STATE);
@@ -1238,6 +1258,7 @@ EXPORT int rdma_listen(struct rdma_cm_id *id, int backlog)
 	struct cma_id *cid;
 	int e;
 
+	cma_release_held();
 	if (!id)
 		return cma_err(EINVAL);
 	cid = to_cid(id);
@@ -1292,6 +1313,7 @@ EXPORT int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_para
 	struct cma_id *cid;
 	int e = 0;
 
+	cma_release_held();
 	if (!id || !cma_pdata_ok(conn_param))
 		return cma_err(EINVAL);
 	cid = to_cid(id);
@@ -1337,6 +1359,7 @@ EXPORT int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param
 	struct cma_id *cid;
 	int ret;
 
+	cma_release_held();
 	if (!id || !cma_pdata_ok(conn_param))
 		return cma_err(EINVAL);
 	cid = to_cid(id);

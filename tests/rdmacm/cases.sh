@@ -195,15 +195,15 @@ cm_result() {
 # handshake too (perftest_communication.c, create_rdma_cm_connection).  When
 # the client is first, the connection is refused (an iWARP peer says the same:
 # UNREACHABLE, -ECONNREFUSED) and perftest 4.5-0.17's retry then segfaults in
-# rdma_resolve_addr on the id it has just destroyed.  The race is perftest's,
-# but over urdma's TCP transport the client wins it most of the time: the
-# server's last handshake Send completes only when the client's answer to its
-# flush Read comes back, and the client holds that answer back (it stops
-# polling that QP once it has the message) while it already connects.  The
-# cross-namespace cases use 8 MiB messages, so that perftest's client
-# allocates and registers its buffers before it connects, which gives the
-# answer time to go (2026-11-22: 0 of 30 runs lost before commit b7a149b,
-# 12 of 30 after it, where the answer can wait until that QP is used again).
+# rdma_resolve_addr on the id it has just destroyed.  The race is perftest's.
+# Over urdma's TCP transport the server's last handshake Send completes only
+# when the client's answer to its flush Read comes back; the client held that
+# answer back for its next message on that QP (commit b7a149b) and so won the
+# race in 12 of 30 runs with 8 MiB messages (0 of 30 before).  The answer now
+# goes when the client calls the connection manager (tcp_release): 0 of 20
+# lost with 8 MiB (12 of 20 without), 2-7 of 20 with the default size (16 of
+# 20 without).  The cross-namespace cases keep 8 MiB messages, so that
+# perftest's client allocates and registers its buffers before it connects.
 # A lost race runs the whole pair again, for up to PERFTEST_RETRY_SECS
 # seconds; the PASS line says which run passed.
 PERFTEST_RACE_RE='RDMA_CM_EVENT_UNREACHABLE; error: -111'

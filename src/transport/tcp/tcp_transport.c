@@ -1428,9 +1428,10 @@ static int rx_read_req(struct tcp_conn *c, const struct iwarp_msg *m,
 				  TERM_HDRCT_D | TERM_HDRCT_R);
 		return RX_ERR;
 	}
-	/* A flush's answer waits for our next message, two quiet polls, or
-	 * the progress thread, so that the application sees the message
-	 * before we make a system call for it.  Data goes now. */
+	/* A flush's answer waits for our next message, two quiet polls, a
+	 * call to the connection manager (tcp_release) or the progress
+	 * thread, so that the application sees the message before we make a
+	 * system call for it.  Data goes now. */
 	if (rr->size)
 		rsp_send(c);
 	return RX_OK;
@@ -2492,6 +2493,16 @@ static void tcp_armed(struct urdma_qp *qp)
 	pthread_mutex_unlock(&c->rx_lock);
 }
 
+/* Answers held back for our next message (a flush's) go now.  sq_lock
+ * keeps the connection: qp_disconnect runs under it. */
+static void tcp_release(struct urdma_qp *qp)
+{
+	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
+
+	if (c && atomic_load(&c->state) == C_UP)
+		rsp_send(c);
+}
+
 const struct urdma_transport_ops urdma_tcp_transport = {
 	.name = "tcp",
 	.connect = tcp_connect,
@@ -2501,4 +2512,5 @@ const struct urdma_transport_ops urdma_tcp_transport = {
 	.poll = tcp_poll,
 	.recv_posted = tcp_recv_posted,
 	.armed = tcp_armed,
+	.release = tcp_release,
 };
