@@ -26,11 +26,24 @@ static int epfd = -1, kickfd = -1;
 static pthread_t thread;
 static bool running;
 static _Atomic bool stop;
+/* Transports that want a pass at least every TICK_MS (urdma_progress_ticker). */
+static _Atomic int tickers;
+
+#define IDLE_MS 200
+#define TICK_MS 50
 /* Watchers to release between batches (urdma_progress_retire). */
 static pthread_mutex_t retire_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct urdma_watcher *retired;
 
 #define KIND_BITS 3ull
+
+/* +1: something needs a pass at least every TICK_MS, though nothing is
+ * pending now (a TCP connection: answers held back for a message that may
+ * not come); -1: no more. */
+void urdma_progress_ticker(int delta)
+{
+	atomic_fetch_add(&tickers, delta);
+}
 
 void urdma_progress_kick(void)
 {
@@ -123,7 +136,8 @@ static void *progress_main(void *arg)
 	while (!atomic_load(&stop)) {
 		struct epoll_event evs[16];
 		uint64_t now;
-		int n = epoll_wait(epfd, evs, 16, pending ? 2 : 200);
+		int n = epoll_wait(epfd, evs, 16,
+				   pending ? 2 : atomic_load(&tickers) ? TICK_MS : IDLE_MS);
 
 		for (int i = 0; i < n; i++) {
 			uint64_t d = evs[i].data.u64;

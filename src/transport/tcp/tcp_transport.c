@@ -279,7 +279,8 @@ static void conn_bury(struct tcp_conn *c)
 	if (c->fd >= 0)
 		shutdown(c->fd, SHUT_RDWR);
 	list_del(&c->node);
-	atomic_store(&c->state, C_CLOSED);
+	if (atomic_exchange(&c->state, C_CLOSED) == C_UP)
+		urdma_progress_ticker(-1);
 	urdma_progress_retire(c->fd, &c->w);
 }
 
@@ -1430,8 +1431,9 @@ static int rx_read_req(struct tcp_conn *c, const struct iwarp_msg *m,
 	}
 	/* A flush's answer waits for our next message, two quiet polls, a
 	 * call to the connection manager (tcp_release) or the progress
-	 * thread, so that the application sees the message before we make a
-	 * system call for it.  Data goes now. */
+	 * thread's next pass (50 ms at most, urdma_progress_ticker), so that
+	 * the application sees the message before we make a system call for
+	 * it.  Data goes now. */
 	if (rr->size)
 		rsp_send(c);
 	return RX_OK;
@@ -1783,6 +1785,9 @@ static void conn_up(struct tcp_conn *c)
 	list_del(&c->node);
 	list_init(&c->node);
 	conn_sync_timeout(c, qp);
+	/* Answers held back for our next message (rx_read_req) are sent by
+	 * the progress thread if that message does not come: within 50 ms. */
+	urdma_progress_ticker(1);
 	atomic_store(&c->state, C_UP);
 	__atomic_store_n(&qp->tr_priv, c, __ATOMIC_RELEASE);
 	/* Edge-triggered: one wake-up per arrival (unless parked). */
