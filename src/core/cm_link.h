@@ -8,7 +8,7 @@
  * and rping tear down that way).  Hardware stacks take this step in the
  * kernel, which finds the QP by number; here libibverbs takes it, under
  * the locks that destroying a QP also takes, so a destroyed QP is simply
- * not found.
+ * not found, even when a new one has its address and number.
  *
  * 2. An application that has received a message and turns to the connection
  * manager (perftest -R connects a second time right after its handshake)
@@ -28,10 +28,12 @@
 
 struct verbs_ex_private {
 	uint64_t magic;
-	/* Move the QP at qp, numbered qpn, of the open context ctx to ERR.
-	 * 0 if done; ENOENT if ctx is not open or has no such QP. */
+	/* Move the QP at qp with ibv_qp.handle handle, of the open context
+	 * ctx, to ERR.  0 if done; ENOENT if ctx is not open or has no such
+	 * QP.  The handle is unique in the process; a QP number is not (TCP
+	 * QPNs are reused at once) and neither is an address. */
 	int (*qp_error_if_live)(struct ibv_context *ctx, struct ibv_qp *qp,
-				uint32_t qpn);
+				uint32_t handle);
 	/* The application turns to setting up connections: answers held back
 	 * to ride with its next message on a QP (TCP flush answers) go now,
 	 * not at the progress thread's next tick, as the peer's Send

@@ -178,7 +178,7 @@ static void *progress_main(void *arg)
  * context and destroying a QP take, then moved to ERR as maintain_all()
  * may move a QP there, under the same locks. */
 int urdma_qp_error_if_live(struct ibv_context *ctx, struct ibv_qp *ibqp,
-			   uint32_t qpn)
+			   uint32_t handle)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
 	struct urdma_context *uctx;
@@ -191,7 +191,7 @@ int urdma_qp_error_if_live(struct ibv_context *ctx, struct ibv_qp *ibqp,
 			continue;
 		pthread_mutex_lock(&uctx->lock);
 		list_for_each_entry(qp, &uctx->qps, ctx_node) {
-			if (&qp->ibqp == ibqp && ibqp->qp_num == qpn) {
+			if (&qp->ibqp == ibqp && ibqp->handle == handle) {
 				ret = urdma_modify_qp(ibqp, &a, IBV_QP_STATE);
 				break;
 			}

@@ -39,6 +39,8 @@ static inline struct urdma_swqe *sq_slot(struct urdma_qp *qp, uint32_t idx)
 
 /* ---- creation ---- */
 
+static _Atomic uint32_t next_handle = 1;
+
 struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 			       struct ibv_qp_init_attr *init)
 {
@@ -137,7 +139,8 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	qp->ibqp.pd = ibpd;
 	qp->ibqp.send_cq = init->send_cq;
 	qp->ibqp.recv_cq = init->recv_cq;
-	qp->ibqp.handle = qpn;
+	/* Unique in the process, unlike QPNs and addresses (core/cm_link.h). */
+	qp->ibqp.handle = atomic_fetch_add(&next_handle, 1);
 	qp->ibqp.qp_num = qpn;
 	qp->ibqp.state = IBV_QPS_RESET;
 	qp->ibqp.qp_type = IBV_QPT_RC;

@@ -288,7 +288,7 @@ int urdma_progress_watch_events(int fd, uint32_t events, int kind, void *obj,
 void urdma_progress_retire(int fd, struct urdma_watcher *w);
 int urdma_progress_add_ctx(struct urdma_context *uctx);
 int urdma_qp_error_if_live(struct ibv_context *ctx, struct ibv_qp *ibqp,
-			   uint32_t qpn);
+			   uint32_t handle);
 void urdma_release_held(void);
 void urdma_progress_del_ctx(struct urdma_context *uctx);
 void urdma_progress_kick(void);

@@ -137,11 +137,11 @@ struct cma_id {
 	uint8_t rbuf[sizeof(struct cma_msg) + CMA_MAX_PDATA];
 	size_t rlen;
 	/* what rdma_create_qp made for the application; the QP by context
-	 * and number too, as id.qp may dangle (cma_qp_error) */
+	 * and handle too, as id.qp may dangle (cma_qp_error) */
 	bool own_cqs;
 	struct ibv_qp *qp_made;
 	struct ibv_context *qp_ctx;
-	uint32_t qpn_made;
+	uint32_t handle_made;
 	struct ibv_sa_path_rec path;
 	/* rdma_create_ep on a listener: the QP each request gets */
 	bool has_qp_init;
@@ -997,7 +997,7 @@ static void cma_qp_error(struct cma_id *cid)
 	if (!cid->id.qp)
 		return;
 	if (cid->id.qp == cid->qp_made && link)
-		link->qp_error_if_live(cid->qp_ctx, cid->qp_made, cid->qpn_made);
+		link->qp_error_if_live(cid->qp_ctx, cid->qp_made, cid->handle_made);
 	else
 		ibv_modify_qp(cid->id.qp, &a, IBV_QP_STATE);
 }
@@ -1092,7 +1092,7 @@ static int cma_qp_created(struct cma_id *cid, struct ibv_qp *qp, struct ibv_pd *
 	cid->id.pd = pd;
 	cid->qp_made = qp;
 	cid->qp_ctx = qp->context;
-	cid->qpn_made = qp->qp_num;
+	cid->handle_made = qp->handle;
 	if (!cid->id.verbs)
 		cid->id.verbs = qp->context;
 	if (cma_modify(cid, cma_qp_attr_init)) {
