@@ -20,11 +20,12 @@
 
 #include "core/urdma.h"
 #include "transport/transport.h"
+#include "util/alloc.h"
 #include "util/log.h"
 
 struct ibv_comp_channel *urdma_create_comp_channel(struct ibv_context *context)
 {
-	struct urdma_channel *ch = calloc(1, sizeof(*ch));
+	struct urdma_channel *ch = urdma_zalloc(sizeof(*ch));
 
 	if (!ch) {
 		errno = ENOMEM;
@@ -32,7 +33,7 @@ struct ibv_comp_channel *urdma_create_comp_channel(struct ibv_context *context)
 	}
 	ch->ch.fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
 	if (ch->ch.fd < 0) {
-		free(ch);
+		urdma_free(ch);
 		return NULL;
 	}
 	ch->ch.context = context;
@@ -47,9 +48,9 @@ int urdma_destroy_comp_channel(struct ibv_comp_channel *channel)
 	if (__atomic_load_n(&channel->refcnt, __ATOMIC_ACQUIRE))
 		return EBUSY;
 	close(channel->fd);
-	free(ch->q);
+	urdma_free(ch->q);
 	pthread_mutex_destroy(&ch->lock);
-	free(ch);
+	urdma_free(ch);
 	return 0;
 }
 
@@ -60,7 +61,7 @@ static void channel_push(struct urdma_channel *ch, struct urdma_cq *cq)
 	pthread_mutex_lock(&ch->lock);
 	if (ch->count == ch->cap) {
 		unsigned int ncap = ch->cap ? ch->cap * 2 : 16;
-		struct urdma_cq **nq = malloc(ncap * sizeof(*nq));
+		struct urdma_cq **nq = urdma_zalloc_array(ncap, sizeof(*nq));
 
 		if (!nq) {
 			pthread_mutex_unlock(&ch->lock);
@@ -69,7 +70,7 @@ static void channel_push(struct urdma_channel *ch, struct urdma_cq *cq)
 		}
 		for (unsigned int i = 0; i < ch->count; i++)
 			nq[i] = ch->q[(ch->head + i) % ch->cap];
-		free(ch->q);
+		urdma_free(ch->q);
 		ch->q = nq;
 		ch->cap = ncap;
 		ch->head = 0;
@@ -143,15 +144,15 @@ struct ibv_cq *urdma_create_cq(struct ibv_context *context, int cqe,
 		errno = EINVAL;
 		return NULL;
 	}
-	cq = calloc(1, sizeof(*cq));
+	cq = urdma_zalloc(sizeof(*cq));
 	if (!cq) {
 		errno = ENOMEM;
 		return NULL;
 	}
 	cq->size = roundup_pow2(cqe);
-	cq->ring = calloc(cq->size, sizeof(*cq->ring));
+	cq->ring = urdma_zalloc_array(cq->size, sizeof(*cq->ring));
 	if (!cq->ring) {
-		free(cq);
+		urdma_free(cq);
 		errno = ENOMEM;
 		return NULL;
 	}
@@ -179,13 +180,13 @@ struct ibv_cq *urdma_create_cq(struct ibv_context *context, int cqe,
 static int cq_ring_resize_locked(struct urdma_cq *cq, uint32_t size)
 {
 	uint32_t n = cq->tail - cq->head;
-	struct urdma_cqe *ring = calloc(size, sizeof(*ring));
+	struct urdma_cqe *ring = urdma_zalloc_array(size, sizeof(*ring));
 
 	if (!ring)
 		return ENOMEM;
 	for (uint32_t i = 0; i < n; i++)
 		ring[i] = cq->ring[(cq->head + i) & (cq->size - 1)];
-	free(cq->ring);
+	urdma_free(cq->ring);
 	cq->ring = ring;
 	cq->size = size;
 	cq->head = 0;
@@ -259,9 +260,9 @@ int urdma_destroy_cq(struct ibv_cq *ibcq)
 		pthread_mutex_unlock(&ibcq->mutex);
 		__atomic_sub_fetch(&ch->ch.refcnt, 1, __ATOMIC_ACQ_REL);
 	}
-	free(cq->ring);
+	urdma_free(cq->ring);
 	pthread_mutex_destroy(&cq->lock);
-	free(cq);
+	urdma_free(cq);
 	return 0;
 }
 

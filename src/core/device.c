@@ -23,6 +23,7 @@
 
 #include "core/cm_link.h"
 #include "core/urdma.h"
+#include "util/alloc.h"
 #include "util/log.h"
 
 /* The verbs_device "ops" slot value: not any provider's. */
@@ -240,10 +241,10 @@ struct ibv_context *urdma_open_device(struct ibv_device *dev)
 	static pthread_once_t sweep_once = PTHREAD_ONCE_INIT;
 	pthread_once(&sweep_once, urdma_host_sweep);
 
-	uctx = calloc(1, sizeof(*uctx));
+	uctx = urdma_zalloc(sizeof(*uctx));
 	if (!uctx)
 		goto err;
-	uctx->mrs = calloc(URDMA_MAX_MR, sizeof(*uctx->mrs));
+	uctx->mrs = urdma_zalloc_array(URDMA_MAX_MR, sizeof(*uctx->mrs));
 	if (!uctx->mrs)
 		goto err_free;
 	pthread_mutex_init(&uctx->lock, NULL);
@@ -305,8 +306,8 @@ err_shm:
 err_close:
 	close(uctx->vctx.context.async_fd);
 err_free:
-	free(uctx->mrs);
-	free(uctx);
+	urdma_free(uctx->mrs);
+	urdma_free(uctx);
 err:
 	if (!errno)
 		errno = ENOMEM;
@@ -326,9 +327,9 @@ int urdma_close_device(struct ibv_context *ctx)
 	urdma_host_remove("ctx", uctx->ctx_id, uctx->shm,
 			  sizeof(struct urdma_shm_ctx));
 	close(ctx->async_fd);
-	free(uctx->events);
-	free(uctx->mrs);
-	free(uctx);
+	urdma_free(uctx->events);
+	urdma_free(uctx->mrs);
+	urdma_free(uctx);
 	return 0;
 }
 
@@ -435,7 +436,7 @@ void urdma_async_event(struct urdma_context *uctx, struct ibv_async_event *ev)
 	pthread_mutex_lock(&uctx->ev_lock);
 	if (uctx->ev_count == uctx->ev_cap) {
 		unsigned int ncap = uctx->ev_cap ? uctx->ev_cap * 2 : 16;
-		struct ibv_async_event *n = malloc(ncap * sizeof(*n));
+		struct ibv_async_event *n = urdma_zalloc_array(ncap, sizeof(*n));
 
 		if (!n) {
 			pthread_mutex_unlock(&uctx->ev_lock);
@@ -443,7 +444,7 @@ void urdma_async_event(struct urdma_context *uctx, struct ibv_async_event *ev)
 		}
 		for (unsigned int i = 0; i < uctx->ev_count; i++)
 			n[i] = uctx->events[(uctx->ev_head + i) % uctx->ev_cap];
-		free(uctx->events);
+		urdma_free(uctx->events);
 		uctx->events = n;
 		uctx->ev_cap = ncap;
 		uctx->ev_head = 0;

@@ -26,6 +26,7 @@
 #include <signal.h>
 
 #include "core/urdma.h"
+#include "util/alloc.h"
 #include "util/log.h"
 
 #define WIN_SHIFT 30 /* 1 GiB windows */
@@ -80,7 +81,7 @@ static void wintab_release(struct urdma_wintab *t)
 		for (unsigned int j = 0; j < WIN_L2_COUNT; j++)
 			if (t->l1[i][j])
 				munmap(t->l1[i][j], WIN_SIZE);
-		free(t->l1[i]);
+		urdma_free(t->l1[i]);
 		t->l1[i] = NULL;
 	}
 }
@@ -107,7 +108,7 @@ static uint8_t *wintab_get(struct urdma_wintab *t, pthread_mutex_t *lock,
 	pthread_mutex_lock(lock);
 	l2 = t->l1[i];
 	if (!l2) {
-		l2 = calloc(WIN_L2_COUNT, sizeof(*l2));
+		l2 = urdma_zalloc_array(WIN_L2_COUNT, sizeof(*l2));
 		if (!l2)
 			goto out_unlock;
 		__atomic_store_n(&t->l1[i], l2, __ATOMIC_RELEASE);
@@ -574,7 +575,7 @@ static void peer_free(struct urdma_peer *p)
 	if (p->shm)
 		munmap(p->shm, sizeof(*p->shm));
 	pthread_mutex_destroy(&p->lock);
-	free(p);
+	urdma_free(p);
 }
 
 struct urdma_peer *urdma_peer_get(uint32_t ctx_id, int32_t pid)
@@ -590,7 +591,7 @@ struct urdma_peer *urdma_peer_get(uint32_t ctx_id, int32_t pid)
 			return p;
 		}
 	}
-	p = calloc(1, sizeof(*p));
+	p = urdma_zalloc(sizeof(*p));
 	if (!p)
 		goto err_unlock;
 	p->ctx_id = ctx_id;

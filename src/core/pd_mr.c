@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/urdma.h"
+#include "util/alloc.h"
 #include "util/log.h"
 
 #define PAGE_DOWN(x) ((x) & ~4095ULL)
@@ -21,7 +22,7 @@ static _Atomic uint32_t next_pd_id = 1;
 
 struct ibv_pd *urdma_alloc_pd(struct ibv_context *context)
 {
-	struct urdma_pd *pd = calloc(1, sizeof(*pd));
+	struct urdma_pd *pd = urdma_zalloc(sizeof(*pd));
 
 	if (!pd) {
 		errno = ENOMEM;
@@ -39,7 +40,7 @@ int urdma_dealloc_pd(struct ibv_pd *ibpd)
 
 	if (atomic_load(&pd->usecnt))
 		return EBUSY;
-	free(pd);
+	urdma_free(pd);
 	return 0;
 }
 
@@ -120,7 +121,7 @@ struct ibv_mr *urdma_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length,
 		__atomic_store_n(&uctx->shm->memfd, urdma_proc.memfd,
 				 __ATOMIC_RELEASE);
 	}
-	mr = calloc(1, sizeof(*mr));
+	mr = urdma_zalloc(sizeof(*mr));
 	if (!mr) {
 		errno = ENOMEM;
 		return NULL;
@@ -136,7 +137,7 @@ struct ibv_mr *urdma_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length,
 	}
 	if (idx < 0) {
 		pthread_mutex_unlock(&uctx->lock);
-		free(mr);
+		urdma_free(mr);
 		errno = ENOMEM;
 		return NULL;
 	}
@@ -172,7 +173,7 @@ int urdma_dereg_mr(struct ibv_mr *ibmr)
 	uctx->mrs[URDMA_MR_IDX(ibmr->lkey)] = NULL;
 	pthread_mutex_unlock(&uctx->lock);
 	atomic_fetch_sub(&to_upd(ibmr->pd)->usecnt, 1);
-	free(mr);
+	urdma_free(mr);
 	return 0;
 }
 

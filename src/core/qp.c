@@ -22,6 +22,7 @@
 
 #include "core/urdma.h"
 #include "transport/transport.h"
+#include "util/alloc.h"
 #include "util/log.h"
 
 static const char *const qp_state_names[] = {
@@ -79,7 +80,7 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	scq = to_ucq(init->send_cq);
 	rcq = to_ucq(init->recv_cq);
 
-	qp = calloc(1, sizeof(*qp));
+	qp = urdma_zalloc(sizeof(*qp));
 	if (!qp) {
 		errno = ENOMEM;
 		return NULL;
@@ -91,7 +92,7 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	qp->sq_stride = (sizeof(struct urdma_swqe) +
 			 cap.max_send_sge * sizeof(struct ibv_sge) +
 			 cap.max_inline_data + 63) & ~63u;
-	qp->sq = calloc(qp->sq_size, qp->sq_stride);
+	qp->sq = urdma_zalloc_array(qp->sq_size, qp->sq_stride);
 	if (!qp->sq) {
 		ret = ENOMEM;
 		goto err_free;
@@ -168,9 +169,9 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	return &qp->ibqp;
 
 err_free_sq:
-	free(qp->sq);
+	urdma_free(qp->sq);
 err_free:
-	free(qp);
+	urdma_free(qp);
 	errno = ret;
 	return NULL;
 }
@@ -264,8 +265,8 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	atomic_fetch_sub(&rcq->usecnt, 1);
 	atomic_fetch_sub(&to_upd(ibqp->pd)->usecnt, 1);
 	urdma_host_remove("qp", ibqp->qp_num, qp->shm, qp->shm_size);
-	free(qp->sq);
-	free(qp);
+	urdma_free(qp->sq);
+	urdma_free(qp);
 	return 0;
 }
 

@@ -23,6 +23,7 @@
  */
 #include "core/cm_link.h"
 #include "rdmacm/cma.h"
+#include "util/alloc.h"
 #include "util/list.h"
 #include "util/log.h"
 
@@ -324,13 +325,13 @@ static int cma_init(void)
 
 static struct cma_channel *cma_channel_new(bool sync)
 {
-	struct cma_channel *c = calloc(1, sizeof(*c));
+	struct cma_channel *c = urdma_zalloc(sizeof(*c));
 
 	if (!c)
 		return NULL;
 	c->ch.fd = eventfd(0, EFD_CLOEXEC);
 	if (c->ch.fd < 0) {
-		free(c);
+		urdma_free(c);
 		return NULL;
 	}
 	list_init(&c->events);
@@ -372,10 +373,10 @@ static void cma_channel_free(struct cma_channel *c)
 
 	list_for_each_entry_safe(e, n, &c->events, node) {
 		list_del(&e->node);
-		free(e);
+		urdma_free(e);
 	}
 	close(c->ch.fd);
-	free(c);
+	urdma_free(c);
 }
 
 EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *channel)
@@ -412,7 +413,7 @@ static struct cma_event *cma_post(struct cma_id *cid,
 				  const struct cma_msg *m)
 {
 	struct cma_channel *c = to_cch(cid->id.channel);
-	struct cma_event *e = calloc(1, sizeof(*e));
+	struct cma_event *e = urdma_zalloc(sizeof(*e));
 
 	if (!e) {
 		urdma_err("out of memory: %s lost", rdma_event_str(type));
@@ -495,7 +496,7 @@ EXPORT int rdma_ack_cm_event(struct rdma_cm_event *event)
 	e->owner->outstanding--;
 	pthread_cond_broadcast(&cma_cond);
 	pthread_mutex_unlock(&cma_lock);
-	free(e);
+	urdma_free(e);
 	return 0;
 }
 
@@ -540,7 +541,7 @@ static uint32_t cma_random_psn(void)
 static struct cma_id *cma_id_new(struct cma_channel *c, void *context,
 				 enum rdma_port_space ps)
 {
-	struct cma_id *cid = calloc(1, sizeof(*cid));
+	struct cma_id *cid = urdma_zalloc(sizeof(*cid));
 
 	if (!cid)
 		return NULL;
@@ -1525,7 +1526,7 @@ static void cma_id_free(struct cma_id *cid)
 	c->nids--;
 	if (c->sync)
 		cma_channel_free(c);
-	free(cid);
+	urdma_free(cid);
 }
 
 /* Read what the socket has.  1: a whole message in rbuf, 0: not yet,
@@ -1756,7 +1757,7 @@ again:
 		bool request = e->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST;
 
 		list_del(&e->node);
-		free(e);
+		urdma_free(e);
 		if (request && child != cid) {
 			cma_send(child, CMA_REJ, NULL, 0, CMA_REJ_CONSUMER);
 			cma_drop_events(child);
@@ -1802,7 +1803,7 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 	pthread_mutex_unlock(&cma_lock);
 	if (c->sync)
 		cma_channel_free(c);
-	free(cid);
+	urdma_free(cid);
 	return 0;
 }
 

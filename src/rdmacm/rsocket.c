@@ -120,6 +120,7 @@
 #include <rdma/rsocket.h>
 
 #include "rdmacm/cma.h"
+#include "util/alloc.h"
 
 #define RS_EXPORT __attribute__((visibility("default")))
 
@@ -382,7 +383,7 @@ static int rs_index_insert(struct rsocket *rs)
 	pthread_mutex_lock(&rs_index_lock);
 	leaf = rs_index[r];
 	if (!leaf) {
-		leaf = calloc(RS_IDX_LEAF, sizeof(*leaf));
+		leaf = urdma_zalloc_array(RS_IDX_LEAF, sizeof(*leaf));
 		if (!leaf) {
 			pthread_mutex_unlock(&rs_index_lock);
 			return -ENOMEM;
@@ -423,7 +424,7 @@ static struct rsocket *rs_get(int fd)
 
 static struct rsocket *rs_alloc(const struct rsocket *from, int domain)
 {
-	struct rsocket *rs = calloc(1, sizeof(*rs));
+	struct rsocket *rs = urdma_zalloc(sizeof(*rs));
 
 	if (!rs)
 		return NULL;
@@ -483,15 +484,15 @@ static void rs_free_ep(struct rsocket *rs)
 		mn = m->next;
 		if (m->mr)
 			ibv_dereg_mr(m->mr);
-		free(m);
+		urdma_free(m);
 	}
 	rs->iomaps = NULL;
 	for (q = rs->iomap_q; q; q = qn) {
 		qn = q->next;
-		free(q);
+		urdma_free(q);
 	}
 	rs->iomap_q = rs->iomap_q_tail = NULL;
-	free(rs->peer_iomap);
+	urdma_free(rs->peer_iomap);
 	rs->peer_iomap = NULL;
 
 	if (rs->qp && rs->id) {
@@ -537,7 +538,7 @@ static void rs_req_free(struct rs_req *r, bool reject)
 	if (reject)
 		rdma_reject(r->id, NULL, 0);
 	rdma_destroy_id(r->id);
-	free(r);
+	urdma_free(r);
 }
 
 static void rs_free(struct rsocket *rs)
@@ -559,7 +560,7 @@ static void rs_free(struct rsocket *rs)
 		rs->chan = NULL;
 	}
 	pthread_mutex_destroy(&rs->lock);
-	free(rs);
+	urdma_free(rs);
 }
 
 /* ------------------------------------------------------------------ */
@@ -657,7 +658,7 @@ static int rs_create_ep(struct rsocket *rs)
 		goto err;
 
 	if (rs->iomap_size > 0) {
-		rs->peer_iomap = calloc((size_t)rs->iomap_size, sizeof(*rs->peer_iomap));
+		rs->peer_iomap = urdma_zalloc_array((size_t)rs->iomap_size, sizeof(*rs->peer_iomap));
 		if (!rs->peer_iomap)
 			goto err;
 	}
@@ -879,7 +880,7 @@ static void rs_flush_ctl(struct rsocket *rs)
 		rs->iomap_q = q->next;
 		if (!rs->iomap_q)
 			rs->iomap_q_tail = NULL;
-		free(q);
+		urdma_free(q);
 	}
 	if (rs->wr_shut && !rs->shut_sent && !rs->conn_dead &&
 	    !rs_post_ctl(rs, RS_MSG_SHUTDOWN, 2, NULL))
@@ -1036,7 +1037,7 @@ static void rs_listener_event(struct rsocket *rs, struct rdma_cm_event *ev)
 			memcpy(&cd, ev->param.conn.private_data, sizeof(cd));
 		rdma_ack_cm_event(ev);
 		r = ok && rs->req_count < (rs->backlog > 0 ? rs->backlog : 1) + 8 ?
-		    calloc(1, sizeof(*r)) : NULL;
+		    urdma_zalloc(sizeof(*r)) : NULL;
 		if (!r) {
 			rdma_reject(id, NULL, 0);
 			rdma_destroy_id(id);
@@ -1467,7 +1468,7 @@ static int rs_accept_one(struct rsocket *ls, struct rs_req *r)
 	rs->id->context = rs;
 	rs_save_conn_data(rs, &r->cd);
 	r->id = NULL;
-	free(r);
+	urdma_free(r);
 	r = NULL;
 	rs->bound = true;
 
@@ -2843,7 +2844,7 @@ RS_EXPORT int rfcntl(int socket, int cmd, ... /* arg */)
 static int rs_queue_iomap(struct rsocket *rs, const struct rs_iomap_local *m,
 			  bool unmap)
 {
-	struct rs_iomap_msg *q = calloc(1, sizeof(*q));
+	struct rs_iomap_msg *q = urdma_zalloc(sizeof(*q));
 
 	if (!q)
 		return -ENOMEM;
@@ -2893,7 +2894,7 @@ RS_EXPORT off_t riomap(int socket, void *buf, size_t len, int prot, int flags,
 			goto out;
 		}
 	}
-	m = calloc(1, sizeof(*m));
+	m = urdma_zalloc(sizeof(*m));
 	if (!m) {
 		ret = ENOMEM;
 		goto out;
@@ -2902,7 +2903,7 @@ RS_EXPORT off_t riomap(int socket, void *buf, size_t len, int prot, int flags,
 			   (prot == PROT_WRITE ? IBV_ACCESS_REMOTE_WRITE : 0));
 	if (!m->mr) {
 		ret = errno ? errno : ENOMEM;
-		free(m);
+		urdma_free(m);
 		goto out;
 	}
 	m->buf = buf;
@@ -2911,7 +2912,7 @@ RS_EXPORT off_t riomap(int socket, void *buf, size_t len, int prot, int flags,
 	m->index = idx;
 	if (idx >= 0 && rs_queue_iomap(rs, m, false)) {
 		ibv_dereg_mr(m->mr);
-		free(m);
+		urdma_free(m);
 		ret = ENOMEM;
 		goto out;
 	}
@@ -2940,7 +2941,7 @@ RS_EXPORT int riounmap(int socket, void *buf, size_t len)
 		if (m->index >= 0 && !rs->conn_dead)
 			rs_queue_iomap(rs, m, true);
 		ibv_dereg_mr(m->mr);
-		free(m);
+		urdma_free(m);
 		rs_progress(rs);
 		ret = 0;
 		break;

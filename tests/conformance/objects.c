@@ -8,6 +8,8 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -403,6 +405,67 @@ static void comp_channel(void *arg)
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
 }
 
+/* Is addr inside the "[heap]" mapping of /proc/self/maps? */
+static bool on_brk_heap(const void *addr)
+{
+	FILE *f = fopen("/proc/self/maps", "re");
+	char line[512];
+	bool heap = false;
+
+	REQUIRE(f, "/proc/self/maps: %s", strerror(errno));
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+
+		if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && (uintptr_t)addr >= lo &&
+		    (uintptr_t)addr < hi) {
+			heap = strstr(line, "[heap]") != NULL;
+			break;
+		}
+	}
+	fclose(f);
+	return heap;
+}
+
+/* The objects the library hands out (and those behind them) must not share
+ * a page with the application's malloc'd memory: ibv_reg_mr of a buffer on
+ * that page would copy it into the identity memfd and map the copy over it,
+ * losing what the library's threads write meanwhile (util/alloc.h). */
+static void objects_off_malloc_pages(void *arg)
+{
+	struct ibv_context *ctx = t_open_first_device();
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, ch, 0);
+	static char buf[64];
+	struct ibv_mr *mr = pd ? ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE) : NULL;
+	struct ibv_qp_init_attr qa = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+				       .cap = { .max_send_wr = 4, .max_recv_wr = 4,
+						.max_send_sge = 1, .max_recv_sge = 1 } };
+	struct ibv_qp *qp = pd && cq ? ibv_create_qp(pd, &qa) : NULL;
+	const void *objs[] = { ctx, ch, pd, cq, mr, qp };
+	const char *names[] = { "context", "channel", "pd", "cq", "mr", "qp" };
+	void *blocks[256];
+
+	REQUIRE(ch && pd && cq && mr && qp, "objects: %s", strerror(errno));
+	for (int i = 0; i < 256; i++)
+		blocks[i] = malloc(16 + (size_t)(i % 5) * 48);
+	for (size_t i = 0; i < sizeof(objs) / sizeof(objs[0]); i++) {
+		uintptr_t page = (uintptr_t)objs[i] & ~(uintptr_t)4095;
+		bool shared = false;
+
+		for (int k = 0; k < 256; k++)
+			shared |= ((uintptr_t)blocks[k] & ~(uintptr_t)4095) == page;
+		CHECK(!on_brk_heap(objs[i]) && !shared,
+		      "the %s is on a page malloc also uses (%s)", names[i],
+		      shared ? "next to a malloc'd block" : "the [heap] mapping");
+	}
+	for (int i = 0; i < 256; i++)
+		free(blocks[i]);
+	CHECK(ibv_destroy_qp(qp) == 0 && ibv_dereg_mr(mr) == 0 && ibv_destroy_cq(cq) == 0 &&
+	      ibv_destroy_comp_channel(ch) == 0 && ibv_dealloc_pd(pd) == 0, "destroy");
+	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
+}
+
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
@@ -417,5 +480,6 @@ int main(int argc, char **argv)
 	t_case("cq_lifecycle", cq_lifecycle, NULL);
 	t_case("cq_busy", cq_busy, NULL);
 	t_case("comp_channel", comp_channel, NULL);
+	t_case("objects_off_malloc_pages", objects_off_malloc_pages, NULL);
 	return t_finish();
 }

@@ -13,6 +13,7 @@
 #include "iwarp_frames.h" /* iwf_crc32c: CRC32c by its definition */
 #include "transport/tcp/crc32c.h"
 #include "transport/transport.h"
+#include "util/alloc.h"
 
 static int failures, checks;
 #define CHECK(c)                                                               \
@@ -170,8 +171,67 @@ static void test_crc32c(void)
 	CHECK(urdma_crc32c(buf, 4096) == iwf_crc32c(buf, 4096));
 }
 
+/* The page of p holds no malloc'd block among blocks[]. */
+static int shares_page(const void *p, void **blocks, int n)
+{
+	uintptr_t page = (uintptr_t)p & ~(uintptr_t)4095;
+
+	for (int i = 0; i < n; i++)
+		if (((uintptr_t)blocks[i] & ~(uintptr_t)4095) == page)
+			return 1;
+	return 0;
+}
+
+/* util/alloc.c: zeroed, aligned, and never on a page that malloc hands
+ * out, so that ibv_reg_mr of an application buffer never copies a page
+ * the library's threads are writing (host.c, back_range_locked). */
+static void test_alloc(void)
+{
+	static const size_t sizes[] = { 1, 60, 64, 100, 400, 960, 961, 5000, 300000 };
+	void *obj[64], *blocks[512];
+	int nobj = 0;
+
+	for (int i = 0; i < 512; i++) {
+		blocks[i] = malloc(24 + (size_t)(i % 7) * 40);
+		if (i % 8 == 0 && nobj < 64) {
+			size_t sz = sizes[nobj % (sizeof(sizes) / sizeof(sizes[0]))];
+			unsigned char *o = urdma_zalloc(sz);
+
+			CHECK(o && ((uintptr_t)o & 63) == 0);
+			if (!o)
+				continue;
+			for (size_t k = 0; k < sz; k++)
+				CHECK(o[k] == 0);
+			memset(o, 0xa5, sz); /* dirty: a reused slot must come back zeroed */
+			obj[nobj++] = o;
+		}
+	}
+	for (int i = 0; i < nobj; i++)
+		CHECK(!shares_page(obj[i], blocks, 512));
+	for (int i = 0; i < nobj; i++)
+		urdma_free(obj[i]);
+	for (int i = 0; i < nobj; i++) {
+		size_t sz = sizes[i % (sizeof(sizes) / sizeof(sizes[0]))];
+		unsigned char *o = urdma_zalloc(sz);
+		int dirty = 0;
+
+		CHECK(o != NULL);
+		for (size_t k = 0; o && k < sz; k++)
+			dirty |= o[k];
+		CHECK(!dirty);
+		urdma_free(o);
+	}
+	for (int i = 0; i < 512; i++)
+		free(blocks[i]);
+	urdma_free(NULL);
+	errno = 0;
+	CHECK(urdma_zalloc_array(SIZE_MAX / 2, 4) == NULL && errno == ENOMEM);
+	CHECK(urdma_zalloc(SIZE_MAX - 10) == NULL);
+}
+
 int main(void)
 {
+	test_alloc();
 	test_crc32c();
 	test_mr_lookup();
 	test_copy_spans();

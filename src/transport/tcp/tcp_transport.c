@@ -40,6 +40,7 @@
 #include "transport/tcp/crc32c.h"
 #include "transport/tcp/iwarp_parse.h"
 #include "transport/transport.h"
+#include "util/alloc.h"
 #include "util/log.h"
 
 #define RBUF_SIZE (256 * 1024)
@@ -235,16 +236,16 @@ static void set_sock_opts(int fd)
 
 static struct tcp_conn *conn_new(int fd)
 {
-	struct tcp_conn *c = calloc(1, sizeof(*c));
+	struct tcp_conn *c = urdma_zalloc(sizeof(*c));
 
 	if (!c)
 		return NULL;
-	c->rbuf = malloc(RBUF_SIZE);
-	c->res = malloc(RES_SIZE);
+	c->rbuf = urdma_zalloc(RBUF_SIZE);
+	c->res = urdma_zalloc(RES_SIZE);
 	if (!c->rbuf || !c->res) {
-		free(c->rbuf);
-		free(c->res);
-		free(c);
+		urdma_free(c->rbuf);
+		urdma_free(c->res);
+		urdma_free(c);
 		return NULL;
 	}
 	c->fd = fd;
@@ -266,11 +267,11 @@ static void conn_release(struct urdma_watcher *w)
 
 	if (c->fd >= 0)
 		close(c->fd);
-	free(c->rbuf);
-	free(c->unc);
-	free(c->rsp);
-	free(c->res);
-	free(c);
+	urdma_free(c->rbuf);
+	urdma_free(c->unc);
+	urdma_free(c->rsp);
+	urdma_free(c->res);
+	urdma_free(c);
 }
 
 /* Close a conn; the progress thread frees it.  Under T.lock. */
@@ -289,7 +290,7 @@ static void listener_release(struct urdma_watcher *w)
 	struct tcp_listener *l = (struct tcp_listener *)w;
 
 	close(l->fd);
-	free(l);
+	urdma_free(l);
 }
 
 static bool passive_pending(const struct tcp_conn *c)
@@ -360,7 +361,7 @@ static struct tcp_listener *listener_new(void)
 	struct sockaddr_in6 sa = { .sin6_family = AF_INET6,
 				   .sin6_addr = IN6ADDR_ANY_INIT };
 	socklen_t len = sizeof(sa);
-	struct tcp_listener *l = calloc(1, sizeof(*l));
+	struct tcp_listener *l = urdma_zalloc(sizeof(*l));
 	int zero = 0;
 
 	if (!l)
@@ -384,7 +385,7 @@ err_close:
 	urdma_warn("tcp: cannot listen: %m; QPs of this process are not reachable over TCP");
 	close(l->fd);
 err:
-	free(l);
+	urdma_free(l);
 	return NULL;
 }
 
@@ -648,7 +649,7 @@ static int rsp_push(struct tcp_conn *c, const struct tcp_rsp *r)
 	pthread_mutex_lock(&c->rsp_lock);
 	if (c->rsp_tail - c->rsp_head == c->rsp_size) {
 		uint32_t n = c->rsp_size ? 2 * c->rsp_size : 16;
-		struct tcp_rsp *q = n <= RSP_MAX ? malloc(n * sizeof(*q)) : NULL;
+		struct tcp_rsp *q = n <= RSP_MAX ? urdma_zalloc_array(n, sizeof(*q)) : NULL;
 
 		if (!q) {
 			pthread_mutex_unlock(&c->rsp_lock);
@@ -656,7 +657,7 @@ static int rsp_push(struct tcp_conn *c, const struct tcp_rsp *r)
 		}
 		for (uint32_t i = 0; i < c->rsp_size; i++)
 			q[i] = c->rsp[(c->rsp_head + i) & (c->rsp_size - 1)];
-		free(c->rsp);
+		urdma_free(c->rsp);
 		c->rsp = q;
 		c->rsp_head = 0;
 		c->rsp_tail = c->rsp_size;
@@ -994,7 +995,7 @@ static bool unc_alloc(struct tcp_conn *c, struct urdma_qp *qp)
 {
 	/* a message and its flush per WR; overdue probes use what is left */
 	c->unc_size = roundup_pow2(2 * qp->sq_size + 16);
-	c->unc = calloc(c->unc_size, sizeof(*c->unc));
+	c->unc = urdma_zalloc_array(c->unc_size, sizeof(*c->unc));
 	return c->unc != NULL;
 }
 
@@ -2094,8 +2095,7 @@ static int tcp_connect(struct urdma_qp *qp, const struct ibv_qp_attr *attr)
 	}
 	c->qp = qp;
 	if (!unc_alloc(c, qp)) {
-		free(c->rbuf);
-		free(c);
+		conn_release(&c->w); /* fd -1: nothing watched yet */
 		pthread_mutex_unlock(&T.lock);
 		return -ENOMEM;
 	}
