@@ -988,8 +988,8 @@ static int cma_qp_connect(struct cma_id *cid)
 
 /* The id's QP to ERR.  The application may have destroyed the QP that
  * rdma_create_qp made with ibv_destroy_qp, leaving id.qp dangling, so that
- * one is moved by libibverbs, which finds it by number if it still exists
- * (core/cm_link.h). */
+ * one is moved by libibverbs, which finds it by address and handle if it
+ * still exists (core/cm_link.h). */
 static void cma_qp_error(struct cma_id *cid)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };

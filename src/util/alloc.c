@@ -78,33 +78,31 @@ static uint8_t *slot_get(unsigned int c)
 void *urdma_zalloc(size_t size)
 {
 	size_t page = (size_t)sysconf(_SC_PAGESIZE), len;
-	struct hdr *h;
 	uint8_t *m;
+	struct hdr *h;
 
 	pthread_once(&once, init_once);
-	if (size > SIZE_MAX - HDR - page) {
-		errno = ENOMEM;
-		return NULL;
-	}
+	if (size > SIZE_MAX - HDR - page)
+		goto nomem;
 	for (unsigned int c = 0; c < NCLS; c++) {
 		if (size + HDR > slot_size[c])
 			continue;
 		m = slot_get(c);
 		if (!m)
-			break;
-		h = (struct hdr *)m;
-		h->cls = c;
+			goto nomem;
+		((struct hdr *)m)->cls = c; /* map_len 0: zeroed */
 		return m + HDR;
 	}
 	len = (size + HDR + page - 1) & ~(page - 1);
-	m = size + HDR <= slot_size[NCLS - 1] ? NULL : map(len);
-	if (!m) {
-		errno = ENOMEM;
-		return NULL;
-	}
+	m = map(len);
+	if (!m)
+		goto nomem;
 	h = (struct hdr *)m;
 	h->map_len = len;
 	return m + HDR;
+nomem:
+	errno = ENOMEM;
+	return NULL;
 }
 
 void *urdma_zalloc_array(size_t n, size_t size)

@@ -169,7 +169,6 @@ static uint64_t xpow_reflected(unsigned n)
 }
 #endif
 
-
 static const struct urdma_crc32c_impl impls[] = {
 #if defined(__x86_64__)
 	{ "avx512-vpclmulqdq", crc32c_fold },
