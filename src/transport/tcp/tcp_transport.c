@@ -1632,8 +1632,8 @@ static void rx_pass(struct tcp_conn *c)
 	if (st != URDMA_SQPS_RTR)
 		return; /* in error: tcp_maintain closes the stream */
 	atomic_store(&c->stalled, false);
-	for (;;) {
-		size_t off = 0;
+	for (bool more = true;;) {
+		size_t off = 0, room;
 		ssize_t k;
 
 		while (off < c->rlen && !atomic_load(&c->dead)) {
@@ -1670,13 +1670,17 @@ static void rx_pass(struct tcp_conn *c)
 			memmove(c->rbuf, c->rbuf + off, c->rlen - off);
 			c->rlen -= off;
 		}
-		if (atomic_load(&c->stalled) || atomic_load(&c->dead))
+		/* A read that left room emptied the socket: what comes later
+		 * raises a new edge for the watch, or the next poll reads it
+		 * (or the unpark that follows: conn_watch). */
+		if (atomic_load(&c->stalled) || atomic_load(&c->dead) || !more)
 			return;
-		k = recv(c->fd, c->rbuf + c->rlen, RBUF_SIZE - c->rlen,
-			 MSG_DONTWAIT);
+		room = RBUF_SIZE - c->rlen;
+		k = recv(c->fd, c->rbuf + c->rlen, room, MSG_DONTWAIT);
 		if (k > 0) {
 			c->rlen += k;
 			c->rx_bytes += k;
+			more = (size_t)k == room;
 			continue;
 		}
 		if (k == 0)
@@ -2437,6 +2441,19 @@ static bool tcp_maintain(struct urdma_qp *qp)
 	return again;
 }
 
+/* Whether the socket has something to read (or an error), by a look that
+ * does not take the socket's lock.  A poll loop that tried to read instead
+ * would hold that lock now and then as a segment arrives: TCP then leaves
+ * the segment to the lock's release, in this thread, and the read finds
+ * nothing; the next read has it, a system call and the peer's receive
+ * processing later. */
+static bool rx_ready(struct tcp_conn *c)
+{
+	struct pollfd p = { .fd = c->fd, .events = POLLIN };
+
+	return poll(&p, 1, 0) != 0;
+}
+
 static void tcp_poll(struct urdma_qp *qp)
 {
 	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
@@ -2452,7 +2469,8 @@ static void tcp_poll(struct urdma_qp *qp)
 	if (pthread_mutex_trylock(&c->rx_lock))
 		return;
 	seen = c->rx_bytes;
-	rx_locked(c);
+	if (c->rlen || atomic_load(&c->stalled) || rx_ready(c))
+		rx_locked(c);
 	/* Polls that find nothing, back to back (a poll loop, not one poll
 	 * per call of an application that then spins on memory). */
 	if (c->rx_bytes != seen)
