@@ -396,19 +396,12 @@ static void cq_poll_transports(struct urdma_cq *cq)
 	}
 }
 
-int urdma_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
+/* Completions ready on the CQ, at most num.  Under the CQ lock. */
+static int cq_take(struct urdma_cq *cq, int num, struct ibv_wc *wc)
 {
-	struct urdma_cq *cq = to_ucq(ibcq);
 	struct urdma_qp *qp;
 	int n = 0;
 
-	if (num < 0)
-		return -1;
-	if (atomic_load_explicit(&cq->sq_pending, memory_order_relaxed))
-		cq_progress_sends(cq);
-	if (atomic_load_explicit(&cq->polled_qps, memory_order_relaxed))
-		cq_poll_transports(cq);
-	pthread_mutex_lock(&cq->lock);
 	while (n < num && cq->head != cq->tail) {
 		struct urdma_cqe *e = &cq->ring[cq->head & (cq->size - 1)];
 
@@ -424,6 +417,29 @@ int urdma_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 			if (n == num)
 				break;
 		}
+	return n;
+}
+
+int urdma_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
+{
+	struct urdma_cq *cq = to_ucq(ibcq);
+	int n;
+
+	if (num < 0)
+		return -1;
+	if (atomic_load_explicit(&cq->sq_pending, memory_order_relaxed))
+		cq_progress_sends(cq);
+	/* What is ready goes first: the transports' receive paths (a system
+	 * call each over TCP) run only when it does not fill the request. */
+	pthread_mutex_lock(&cq->lock);
+	n = cq_take(cq, num, wc);
+	pthread_mutex_unlock(&cq->lock);
+	if (n == num ||
+	    !atomic_load_explicit(&cq->polled_qps, memory_order_relaxed))
+		return n;
+	cq_poll_transports(cq);
+	pthread_mutex_lock(&cq->lock);
+	n += cq_take(cq, num - n, wc + n);
 	pthread_mutex_unlock(&cq->lock);
 	return n;
 }
