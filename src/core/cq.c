@@ -61,16 +61,14 @@ static void channel_push(struct urdma_channel *ch, struct urdma_cq *cq)
 	pthread_mutex_lock(&ch->lock);
 	if (ch->count == ch->cap) {
 		unsigned int ncap = ch->cap ? ch->cap * 2 : 16;
-		struct urdma_cq **nq = urdma_zalloc_array(ncap, sizeof(*nq));
+		struct urdma_cq **nq = urdma_ring_move(ch->q, ch->cap, ch->head,
+						       ch->count, ncap, sizeof(*nq));
 
 		if (!nq) {
 			pthread_mutex_unlock(&ch->lock);
 			urdma_err("out of memory: a completion event is lost");
 			return;
 		}
-		for (unsigned int i = 0; i < ch->count; i++)
-			nq[i] = ch->q[(ch->head + i) % ch->cap];
-		urdma_free(ch->q);
 		ch->q = nq;
 		ch->cap = ncap;
 		ch->head = 0;
@@ -180,13 +178,11 @@ struct ibv_cq *urdma_create_cq(struct ibv_context *context, int cqe,
 static int cq_ring_resize_locked(struct urdma_cq *cq, uint32_t size)
 {
 	uint32_t n = cq->tail - cq->head;
-	struct urdma_cqe *ring = urdma_zalloc_array(size, sizeof(*ring));
+	struct urdma_cqe *ring = urdma_ring_move(cq->ring, cq->size, cq->head,
+						  n, size, sizeof(*ring));
 
 	if (!ring)
 		return ENOMEM;
-	for (uint32_t i = 0; i < n; i++)
-		ring[i] = cq->ring[(cq->head + i) & (cq->size - 1)];
-	urdma_free(cq->ring);
 	cq->ring = ring;
 	cq->size = size;
 	cq->head = 0;

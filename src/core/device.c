@@ -436,15 +436,14 @@ void urdma_async_event(struct urdma_context *uctx, struct ibv_async_event *ev)
 	pthread_mutex_lock(&uctx->ev_lock);
 	if (uctx->ev_count == uctx->ev_cap) {
 		unsigned int ncap = uctx->ev_cap ? uctx->ev_cap * 2 : 16;
-		struct ibv_async_event *n = urdma_zalloc_array(ncap, sizeof(*n));
+		struct ibv_async_event *n =
+			urdma_ring_move(uctx->events, uctx->ev_cap, uctx->ev_head,
+					uctx->ev_count, ncap, sizeof(*n));
 
 		if (!n) {
 			pthread_mutex_unlock(&uctx->ev_lock);
 			return;
 		}
-		for (unsigned int i = 0; i < uctx->ev_count; i++)
-			n[i] = uctx->events[(uctx->ev_head + i) % uctx->ev_cap];
-		urdma_free(uctx->events);
 		uctx->events = n;
 		uctx->ev_cap = ncap;
 		uctx->ev_head = 0;

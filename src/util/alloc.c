@@ -114,6 +114,19 @@ void *urdma_zalloc_array(size_t n, size_t size)
 	return urdma_zalloc(n * size);
 }
 
+void *urdma_ring_move(void *old, size_t cap, size_t head, size_t n,
+		      size_t ncap, size_t sz)
+{
+	uint8_t *r = urdma_zalloc_array(ncap, sz);
+
+	if (!r)
+		return NULL;
+	for (size_t i = 0; i < n; i++)
+		memcpy(r + i * sz, (uint8_t *)old + (head + i) % cap * sz, sz);
+	urdma_free(old);
+	return r;
+}
+
 void urdma_free(void *p)
 {
 	uint8_t *m = p;

@@ -25,5 +25,11 @@ void *urdma_zalloc(size_t size);
 /* n * size, checked for overflow. */
 void *urdma_zalloc_array(size_t n, size_t size);
 void urdma_free(void *p);
+/* A ring moved to a new zeroed one of ncap elements of sz bytes: the n
+ * elements of old (capacity cap, the oldest at index head, taken modulo
+ * cap) in order at its start; old is freed.  NULL, old untouched, if out
+ * of memory. */
+void *urdma_ring_move(void *old, size_t cap, size_t head, size_t n,
+		      size_t ncap, size_t sz);
 
 #endif

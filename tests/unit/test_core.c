@@ -171,7 +171,7 @@ static void test_crc32c(void)
 	CHECK(urdma_crc32c(buf, 4096) == iwf_crc32c(buf, 4096));
 }
 
-/* The page of p holds no malloc'd block among blocks[]. */
+/* Whether the page of p holds one of the malloc'd blocks[]. */
 static int shares_page(const void *p, void **blocks, int n)
 {
 	uintptr_t page = (uintptr_t)p & ~(uintptr_t)4095;
@@ -227,6 +227,24 @@ static void test_alloc(void)
 	errno = 0;
 	CHECK(urdma_zalloc_array(SIZE_MAX / 2, 4) == NULL && errno == ENOMEM);
 	CHECK(urdma_zalloc(SIZE_MAX - 10) == NULL);
+
+	/* urdma_ring_move: a wrapped ring comes out in order, from a head
+	 * taken modulo the capacity (a free-running 32-bit index too). */
+	static const uint32_t heads[] = { 0, 5, 7, 0xfffffffdu };
+	for (size_t h = 0; h < sizeof(heads) / sizeof(heads[0]); h++) {
+		uint32_t *r = urdma_zalloc_array(8, sizeof(*r)), *m;
+
+		CHECK(r != NULL);
+		if (!r)
+			continue;
+		for (uint32_t i = 0; i < 6; i++)
+			r[(heads[h] + i) % 8] = 100 + i;
+		m = urdma_ring_move(r, 8, heads[h], 6, 16, sizeof(*r));
+		CHECK(m != NULL);
+		for (uint32_t i = 0; m && i < 16; i++)
+			CHECK(m[i] == (i < 6 ? 100 + i : 0));
+		urdma_free(m);
+	}
 }
 
 int main(void)

@@ -649,15 +649,16 @@ static int rsp_push(struct tcp_conn *c, const struct tcp_rsp *r)
 	pthread_mutex_lock(&c->rsp_lock);
 	if (c->rsp_tail - c->rsp_head == c->rsp_size) {
 		uint32_t n = c->rsp_size ? 2 * c->rsp_size : 16;
-		struct tcp_rsp *q = n <= RSP_MAX ? urdma_zalloc_array(n, sizeof(*q)) : NULL;
+		struct tcp_rsp *q =
+			n <= RSP_MAX ? urdma_ring_move(c->rsp, c->rsp_size,
+						       c->rsp_head, c->rsp_size,
+						       n, sizeof(*q)) :
+				       NULL;
 
 		if (!q) {
 			pthread_mutex_unlock(&c->rsp_lock);
 			return -ENOSPC;
 		}
-		for (uint32_t i = 0; i < c->rsp_size; i++)
-			q[i] = c->rsp[(c->rsp_head + i) & (c->rsp_size - 1)];
-		urdma_free(c->rsp);
 		c->rsp = q;
 		c->rsp_head = 0;
 		c->rsp_tail = c->rsp_size;
