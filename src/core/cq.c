@@ -350,12 +350,11 @@ static void cq_progress_sends(struct urdma_cq *cq)
 		urdma_qp_progress(qps[i]);
 }
 
-/* Let transports that receive in software (TCP) take what has arrived,
- * so a polling application needs no thread switch.  Outside cq->lock: the
- * receive path completes WRs into CQs. */
 /* Count qp in as a poller of its transport if it has one that polls.
  * Under cq->lock; qp->tr read once (qp_disconnect clears it under the
- * send CQ's lock only). */
+ * send CQ's lock only, then waits for the pollers counted here). */
+#define CQ_POLLERS 8 /* transports polled per ibv_poll_cq */
+
 static int cq_take_poller(struct urdma_qp *qp,
 			  const struct urdma_transport_ops **trs,
 			  struct urdma_qp **qps, int n)
@@ -363,7 +362,7 @@ static int cq_take_poller(struct urdma_qp *qp,
 	const struct urdma_transport_ops *tr =
 		__atomic_load_n(&qp->tr, __ATOMIC_RELAXED);
 
-	if (n >= 8 || !tr || !tr->poll)
+	if (n >= CQ_POLLERS || !tr || !tr->poll)
 		return n;
 	atomic_fetch_add(&qp->pollers, 1);
 	trs[n] = tr;
@@ -371,25 +370,21 @@ static int cq_take_poller(struct urdma_qp *qp,
 	return n + 1;
 }
 
-static void cq_poll_transports(struct urdma_cq *cq)
+/* The CQ's QPs whose transports receive in software (TCP), counted in as
+ * pollers.  Under cq->lock.  Returns how many. */
+static int cq_take_pollers(struct urdma_cq *cq,
+			   const struct urdma_transport_ops **trs,
+			   struct urdma_qp **qps)
 {
-	const struct urdma_transport_ops *trs[8];
-	struct urdma_qp *qps[8], *qp;
+	struct urdma_qp *qp;
 	int n = 0;
 
-	/* The transport is read under the lock, once: qp_disconnect clears
-	 * qp->tr before it waits for the pollers counted here. */
-	pthread_mutex_lock(&cq->lock);
 	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
 		n = cq_take_poller(qp, trs, qps, n);
 	list_for_each_entry(qp, &cq->send_qps, scq_node)
 		if (to_ucq(qp->ibqp.recv_cq) != cq)
 			n = cq_take_poller(qp, trs, qps, n);
-	pthread_mutex_unlock(&cq->lock);
-	for (int i = 0; i < n; i++) {
-		trs[i]->poll(qps[i]);
-		atomic_fetch_sub(&qps[i]->pollers, 1);
-	}
+	return n;
 }
 
 /* Completions ready on the CQ, at most num.  Under the CQ lock. */
@@ -419,7 +414,9 @@ static int cq_take(struct urdma_cq *cq, int num, struct ibv_wc *wc)
 int urdma_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 {
 	struct urdma_cq *cq = to_ucq(ibcq);
-	int n;
+	const struct urdma_transport_ops *trs[CQ_POLLERS];
+	struct urdma_qp *qps[CQ_POLLERS];
+	int n, np = 0;
 
 	if (num < 0)
 		return -1;
@@ -429,11 +426,19 @@ int urdma_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 	 * call each over TCP) run only when it does not fill the request. */
 	pthread_mutex_lock(&cq->lock);
 	n = cq_take(cq, num, wc);
+	if (n < num &&
+	    atomic_load_explicit(&cq->polled_qps, memory_order_relaxed))
+		np = cq_take_pollers(cq, trs, qps);
 	pthread_mutex_unlock(&cq->lock);
-	if (n == num ||
-	    !atomic_load_explicit(&cq->polled_qps, memory_order_relaxed))
+	if (!np)
 		return n;
-	cq_poll_transports(cq);
+	/* Outside cq->lock: the receive path completes WRs into CQs.  What
+	 * has arrived is taken here, so a polling application needs no
+	 * thread switch. */
+	for (int i = 0; i < np; i++) {
+		trs[i]->poll(qps[i]);
+		atomic_fetch_sub(&qps[i]->pollers, 1);
+	}
 	pthread_mutex_lock(&cq->lock);
 	n += cq_take(cq, num - n, wc + n);
 	pthread_mutex_unlock(&cq->lock);

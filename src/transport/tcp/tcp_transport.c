@@ -848,6 +848,8 @@ static int rsp_take(struct tcp_conn *c, struct tx_seg *seg, struct iovec *iov)
 {
 	int n = 0;
 
+	if (!atomic_load(&c->rsp_n))
+		return 0; /* the common case: no lock per message */
 	pthread_mutex_lock(&c->rsp_lock);
 	while (n < 2 * RSP_TAKE && c->rsp_head != c->rsp_tail) {
 		struct tcp_rsp *r = &c->rsp[c->rsp_head & (c->rsp_size - 1)];
