@@ -244,6 +244,7 @@ bool t_fd_readable(int fd, int ms);
 /* ------------------------------------------------------------------ */
 
 uint64_t t_now_ms(void);
+uint64_t t_now_us(void);
 void t_sleep_ms(unsigned ms);
 /* The number of open fds of this process, or -1 if /proc/self/fd can't be
  * read. */

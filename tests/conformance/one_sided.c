@@ -832,7 +832,7 @@ static int xread_wait(struct t_res *r, struct ibv_wc *wc, int n, bool events)
 	return got;
 }
 
-/* arg: NULL, busy polling with XREADS Reads in flight; non-NULL, at most
+/* events false: busy polling with XREADS Reads in flight; true: at most
  * two Reads in flight, and the application away for a second and then
  * asleep in ibv_get_cq_event: the progress threads send the Reads that
  * wait, and the Read Responses, both sides at once. */

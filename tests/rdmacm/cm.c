@@ -316,14 +316,6 @@ static void qp_destroyed_then_peer_disconnects(void *arg)
 	end_free(&l);
 }
 
-static uint64_t now_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 /* Over TCP a signaled Send completes when the answer to the flush Read that
  * follows it comes back, and the receiver holds that answer back to ride
  * with its next message.  20 rounds: a Send, received by a poll of the
@@ -354,15 +346,15 @@ static int held_answer_rounds(bool cm_call, uint64_t *worst)
 		REQUIRE(rdma_post_send(c.id, (void *)1, c.buf, 8, c.mr, IBV_SEND_SIGNALED) == 0,
 			"rdma_post_send");
 		t_expect_wc(s.cq, &wc, 0, IBV_WC_SUCCESS, IBV_WC_RECV, "receive");
-		t0 = now_us();
+		t0 = t_now_us();
 		if (cm_call) {
 			REQUIRE(rdma_create_id(ch, &x, NULL, RDMA_PS_TCP) == 0, "rdma_create_id");
 			REQUIRE(rdma_resolve_addr(x, NULL, (struct sockaddr *)&dst, 2000) == 0,
 				"rdma_resolve_addr: %s", strerror(errno));
 		}
-		while (ibv_poll_cq(c.cq, 1, &wc) == 0 && now_us() - t0 < 1000000)
+		while (ibv_poll_cq(c.cq, 1, &wc) == 0 && t_now_us() - t0 < 1000000)
 			;
-		dt = now_us() - t0;
+		dt = t_now_us() - t0;
 		if (!CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 1 &&
 			   wc.opcode == IBV_WC_SEND, "the Send: %s, wr_id %llu",
 			   ibv_wc_status_str(wc.status), (unsigned long long)wc.wr_id))
