@@ -8,6 +8,9 @@
  *  - a peer process's pidfd tells it the peer died: its QPs go to error;
  *  - with send WRs waiting (RNR, peer not ready), a short timer retries
  *    them and enforces the retry limits;
+ *  - a transport asks for a pass by a given time (urdma_progress_by): to
+ *    send answers held back for a message that did not come, to look at
+ *    a stream whose application stopped polling;
  *  - every 200 ms it checks that registered pages are still mapped.
  */
 #include <errno.h>
@@ -26,24 +29,17 @@ static int epfd = -1, kickfd = -1;
 static pthread_t thread;
 static bool running;
 static _Atomic bool stop;
-/* Transports that want a pass at least every TICK_MS (urdma_progress_ticker). */
-static _Atomic int tickers;
+/* When the thread's sleep ends (urdma_now_ns; 0: awake, or kicked), and
+ * the earliest pass asked for (urdma_progress_by; 0: none). */
+static _Atomic uint64_t sleep_end, due;
 
-#define IDLE_MS 200
-#define TICK_MS 50
+#define IDLE_NS 200000000ull
+#define PENDING_NS 2000000ull
 /* Watchers to release between batches (urdma_progress_retire). */
 static pthread_mutex_t retire_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct urdma_watcher *retired;
 
 #define KIND_BITS 3ull
-
-/* +1: something needs a pass at least every TICK_MS, though nothing is
- * pending now (a TCP connection: answers held back for a message that may
- * not come); -1: no more. */
-void urdma_progress_ticker(int delta)
-{
-	atomic_fetch_add(&tickers, delta);
-}
 
 void urdma_progress_kick(void)
 {
@@ -51,6 +47,20 @@ void urdma_progress_kick(void)
 
 	if (kickfd >= 0 && write(kickfd, &one, sizeof(one)) < 0)
 		urdma_dbg("kick: %m");
+}
+
+/* A pass by time t (urdma_now_ns) at the latest.  Costs a system call
+ * only when the thread sleeps past t.  The thread publishes sleep_end
+ * before it reads due, and we the reverse: either it sees t, or we see
+ * its sleep and wake it. */
+void urdma_progress_by(uint64_t t)
+{
+	uint64_t d = atomic_load(&due);
+
+	while ((!d || t < d) && !atomic_compare_exchange_weak(&due, &d, t))
+		;
+	if (atomic_load(&sleep_end) > t && atomic_exchange(&sleep_end, 0))
+		urdma_progress_kick();
 }
 
 int urdma_progress_watch(int fd, int kind, void *obj)
@@ -128,6 +138,30 @@ static bool maintain_all(bool check_mrs)
 	return pending;
 }
 
+/* Sleep until an event, the pass asked for, or in any case ns. */
+static int progress_sleep(struct epoll_event *evs, int max, uint64_t ns)
+{
+	uint64_t now = urdma_now_ns(), end = now + ns, d;
+	struct timespec ts;
+	int n;
+
+	atomic_store(&sleep_end, end);
+	d = atomic_load(&due);
+	if (d && d < end) {
+		end = d > now ? d : now;
+		atomic_store(&sleep_end, end);
+	}
+	ts.tv_sec = (end - now) / 1000000000ull;
+	ts.tv_nsec = (end - now) % 1000000000ull;
+	n = epoll_pwait2(epfd, evs, max, &ts, NULL);
+	atomic_store(&sleep_end, 0);
+	/* The pass that follows is the one asked for by now. */
+	d = atomic_load(&due);
+	if (d && d <= urdma_now_ns())
+		atomic_compare_exchange_strong(&due, &d, 0);
+	return n;
+}
+
 static void *progress_main(void *arg)
 {
 	uint64_t last_mr_check = 0;
@@ -136,8 +170,7 @@ static void *progress_main(void *arg)
 	while (!atomic_load(&stop)) {
 		struct epoll_event evs[16];
 		uint64_t now;
-		int n = epoll_wait(epfd, evs, 16,
-				   pending ? 2 : atomic_load(&tickers) ? TICK_MS : IDLE_MS);
+		int n = progress_sleep(evs, 16, pending ? PENDING_NS : IDLE_NS);
 
 		for (int i = 0; i < n; i++) {
 			uint64_t d = evs[i].data.u64;

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MiB (1024 * 1024)
 #define GUARD 4096 /* canary bytes on each side of the target region */
@@ -238,6 +239,155 @@ static void spin_child(struct t_peer *p, void *arg)
 	long bad = t_pattern_check(t.region, SPIN_LEN, 5);
 	CHECK(seen, "the WRITE did not appear in the target's memory within %d ms while the target "
 	      "made no verbs call (first wrong byte at %ld)", T_WAIT_MS, bad);
+	t_barrier(p);
+	target_close(&t);
+}
+
+/*
+ * The target polls its CQ, finds nothing, and turns to spinning on memory
+ * (as ib_write_lat does between its Write and the peer's): a transport
+ * that stopped watching for data while the application polled must look
+ * again soon.  Over TCP that look comes within 2 ms; before it was asked
+ * for, it waited for the progress thread's long sleep to end (50 ms).  The
+ * median of the rounds must stay well below that.
+ */
+#define LOOK_ROUNDS 11
+#define LOOK_BOUND_US 10000
+
+static void look_parent(struct t_peer *p, void *arg)
+{
+	struct initiator in;
+	initiator_open(&in, 64, NULL);
+	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	for (uint64_t i = 1; i <= LOOK_ROUNDS; i++) {
+		(void)t_recv_u64(p, T_WAIT_MS); /* the target spins */
+		t_sleep_ms(1);
+		memcpy(in.buf, &i, sizeof(i));
+		uint64_t posted = t_now_us();
+		int ret = t_post_send(in.r.qp, i, IBV_WR_RDMA_WRITE, in.buf, sizeof(i),
+				      in.mr->lkey, IBV_SEND_SIGNALED, in.remote.addr,
+				      in.remote.rkey);
+		REQUIRE(ret == 0, "post RDMA_WRITE: %d", ret);
+		t_send_u64(p, posted);
+		if (!t_expect_wc(in.r.send_cq, NULL, i, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE,
+				 "RDMA_WRITE"))
+			break;
+	}
+	t_barrier(p);
+	initiator_close(&in);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static void look_child(struct t_peer *p, void *arg)
+{
+	struct target t;
+	struct ibv_wc wc;
+	uint64_t delay[LOOK_ROUNDS];
+	int n = 0;
+
+	target_open(&t, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	t_connect_pair(p, &t.r, t.mr, NULL);
+	volatile uint64_t *v = (volatile uint64_t *)t.region;
+	for (uint64_t i = 1; i <= LOOK_ROUNDS; i++) {
+		/* Idle long enough for the transport to have looked at the
+		 * stream since the last round; then a poll loop that finds
+		 * nothing, and off to spin. */
+		t_sleep_ms(5);
+		int got = 0;
+		for (int k = 0; k < 20; k++)
+			got += ibv_poll_cq(t.r.recv_cq, 1, &wc);
+		CHECK(got == 0, "the target's CQ had %d completions", got);
+		t_send_u64(p, i);
+		uint64_t end = t_now_ms() + T_WAIT_MS;
+		while (*v != i && t_now_ms() < end)
+			;
+		uint64_t seen = t_now_us();
+		uint64_t posted = t_recv_u64(p, T_WAIT_MS);
+		if (!CHECK(*v == i, "round %llu: the WRITE did not reach the spinning target "
+			   "in %d ms", (unsigned long long)i, T_WAIT_MS))
+			break;
+		delay[n++] = seen > posted ? seen - posted : 0;
+	}
+	if (n == LOOK_ROUNDS) {
+		qsort(delay, n, sizeof(delay[0]), cmp_u64);
+		t_note("WRITE seen by a target that polled, then spun: median %llu us, "
+		       "max %llu us", (unsigned long long)delay[n / 2],
+		       (unsigned long long)delay[n - 1]);
+		CHECK(delay[n / 2] < LOOK_BOUND_US,
+		      "median delay %llu us: the data waited for the progress thread's "
+		      "long sleep", (unsigned long long)delay[n / 2]);
+	}
+	t_barrier(p);
+	target_close(&t);
+}
+
+/*
+ * A signaled WRITE completes when the target answers the zero-length Read
+ * that follows it over TCP (docs/wire-protocol.md).  The target holds that
+ * answer back for a message of its own; a target that polls its CQ now
+ * and then but never sends must still answer soon: within 2 ms by design
+ * (50 us when the progress thread took the WRITE).  Without a due time the
+ * answer waited for the progress thread's idle pass (up to 200 ms).
+ */
+#define HOLD_ROUNDS 21
+#define HOLD_BOUND_US 5000
+
+static void hold_parent(struct t_peer *p, void *arg)
+{
+	struct initiator in;
+	uint64_t took[HOLD_ROUNDS];
+	int n = 0;
+
+	initiator_open(&in, 64, NULL);
+	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	t_barrier(p); /* the target polls */
+	for (uint64_t i = 1; i <= HOLD_ROUNDS; i++) {
+		memcpy(in.buf, &i, sizeof(i));
+		uint64_t t0 = t_now_us();
+		int ret = t_post_send(in.r.qp, i, IBV_WR_RDMA_WRITE, in.buf, sizeof(i),
+				      in.mr->lkey, IBV_SEND_SIGNALED, in.remote.addr,
+				      in.remote.rkey);
+		REQUIRE(ret == 0, "post RDMA_WRITE: %d", ret);
+		if (!t_expect_wc(in.r.send_cq, NULL, i, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE,
+				 "RDMA_WRITE"))
+			break;
+		took[n++] = t_now_us() - t0;
+		t_sleep_ms(1);
+	}
+	t_send_u64(p, 0); /* done */
+	if (n == HOLD_ROUNDS) {
+		qsort(took, n, sizeof(took[0]), cmp_u64);
+		t_note("signaled WRITE to a target that polls now and then: median %llu us, "
+		       "max %llu us", (unsigned long long)took[n / 2],
+		       (unsigned long long)took[n - 1]);
+		CHECK(took[n / 2] < HOLD_BOUND_US,
+		      "median completion %llu us: the target held its answer back",
+		      (unsigned long long)took[n / 2]);
+	}
+	t_barrier(p);
+	initiator_close(&in);
+}
+
+static void hold_child(struct t_peer *p, void *arg)
+{
+	struct target t;
+	struct ibv_wc wc;
+	struct timespec nap = { 0, 100000 };
+
+	target_open(&t, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	t_connect_pair(p, &t.r, t.mr, NULL);
+	t_barrier(p);
+	/* Poll every 100 us or so, never send, until the initiator is done. */
+	while (!t_fd_readable(p->fd, 0)) {
+		CHECK(ibv_poll_cq(t.r.recv_cq, 1, &wc) == 0, "a completion at the target");
+		nanosleep(&nap, NULL);
+	}
+	(void)t_recv_u64(p, T_WAIT_MS);
 	t_barrier(p);
 	target_close(&t);
 }
@@ -892,6 +1042,8 @@ int main(int argc, char **argv)
 	t_pair("rdma_write_sizes", write_parent, write_child, NULL);
 	t_pair("rdma_write_sge_list", write_sge_parent, write_child, NULL);
 	t_pair("rdma_write_target_spins", spin_parent, spin_child, NULL);
+	t_pair("rdma_write_target_polled_then_spins", look_parent, look_child, NULL);
+	t_pair("rdma_write_target_polls_never_sends", hold_parent, hold_child, NULL);
 	t_pair("rdma_write_with_imm", wimm_parent, wimm_child, NULL);
 	t_pair("rdma_read", read_parent, read_child, NULL);
 	t_pair("atomics", atomic_parent, atomic_child, NULL);

@@ -155,11 +155,14 @@ struct tcp_conn {
 	uint8_t *res;
 	uint32_t res_off, res_len;
 	/* Responses, in order (rsp_lock; sent under tx_lock, rsp_pump).
-	 * rsp_n counts them and a cut FPDU. */
+	 * rsp_n counts them and a cut FPDU.  rsp_due: when the oldest must
+	 * go at the latest (rsp_push). */
 	pthread_mutex_t rsp_lock;
 	struct tcp_rsp *rsp;
 	uint32_t rsp_head, rsp_tail, rsp_size;
 	_Atomic uint32_t rsp_n;
+	_Atomic uint64_t rsp_due;
+	uint64_t rx_hold_ns; /* what this receive pass holds answers for */
 	/* The progress thread watches for room to send them (EPOLLOUT);
 	 * the watch's events change under watch_lock (conn_watch). */
 	_Atomic bool want_out;
@@ -214,8 +217,24 @@ static bool want_crc(void)
 
 static void conn_cb(struct urdma_watcher *w, uint32_t events);
 static void conn_release(struct urdma_watcher *w);
-static void rx_locked(struct tcp_conn *c);
+static void rx_locked(struct tcp_conn *c, uint64_t hold_ns);
 static void conn_park(struct tcp_conn *c, bool park);
+
+/*
+ * How long answers to flushes wait for a message of ours to ride with.
+ * Taken by the application's poll: the application is about to see what
+ * came and will likely answer; up to HOLD_APP_NS, as a shorter time would
+ * wake the progress thread (asleep for 2 ms between passes over a parked
+ * stream) for nearly every message.  Taken by the progress thread while
+ * the application polls (it may be spinning on memory for a Write):
+ * HOLD_NEAR_NS, the progress thread's own timer.  Sent on its own, the
+ * answer would complete the peer's message before ours comes, so the peer
+ * leaves its poll to spin on memory and our message finds nobody polling:
+ * the progress thread takes it, answers it on its own, and so on.
+ * Otherwise (nobody polls, or sleeps on the CQ) nobody will answer: now.
+ */
+#define HOLD_APP_NS 2000000ull
+#define HOLD_NEAR_NS 50000ull
 
 /* ---- listeners and QP numbers ---- */
 
@@ -280,8 +299,7 @@ static void conn_bury(struct tcp_conn *c)
 	if (c->fd >= 0)
 		shutdown(c->fd, SHUT_RDWR);
 	list_del(&c->node);
-	if (atomic_exchange(&c->state, C_CLOSED) == C_UP)
-		urdma_progress_ticker(-1);
+	atomic_store(&c->state, C_CLOSED);
 	urdma_progress_retire(c->fd, &c->w);
 }
 
@@ -607,7 +625,7 @@ static int tx_wait(struct tcp_conn *c)
 	if (!pthread_mutex_trylock(&c->rx_lock)) {
 		if (atomic_exchange(&c->tx_parked, false) && !c->closing)
 			conn_park(c, false);
-		rx_locked(c);
+		rx_locked(c, HOLD_APP_NS);
 		/* Wake for data too, unless a Send waits for a receive. */
 		if (!atomic_load(&c->stalled) && !atomic_load(&c->dead))
 			p.events |= POLLIN;
@@ -642,10 +660,13 @@ static ssize_t tx_some(struct tcp_conn *c, struct iovec *iov, int n)
 
 /* ---- responses ---- */
 
-/* Queue a response.  Receive path (rx_lock).  -ENOSPC: the peer asks
- * more than it reads. */
-static int rsp_push(struct tcp_conn *c, const struct tcp_rsp *r)
+/* Queue a response, to go within hold_ns.  Receive path (rx_lock).
+ * -ENOSPC: the peer asks more than it reads. */
+static int rsp_push(struct tcp_conn *c, const struct tcp_rsp *r,
+		    uint64_t hold_ns)
 {
+	uint64_t due = urdma_now_ns() + hold_ns;
+
 	pthread_mutex_lock(&c->rsp_lock);
 	if (c->rsp_tail - c->rsp_head == c->rsp_size) {
 		uint32_t n = c->rsp_size ? 2 * c->rsp_size : 16;
@@ -664,9 +685,13 @@ static int rsp_push(struct tcp_conn *c, const struct tcp_rsp *r)
 		c->rsp_tail = c->rsp_size;
 		c->rsp_size = n;
 	}
+	if (c->rsp_head == c->rsp_tail || due < atomic_load(&c->rsp_due))
+		atomic_store(&c->rsp_due, due);
 	c->rsp[c->rsp_tail++ & (c->rsp_size - 1)] = *r;
 	atomic_fetch_add(&c->rsp_n, 1);
 	pthread_mutex_unlock(&c->rsp_lock);
+	if (hold_ns)
+		urdma_progress_by(due);
 	return 0;
 }
 
@@ -796,6 +821,13 @@ static void rsp_send(struct tcp_conn *c)
 		if (r)
 			return;
 	}
+}
+
+/* The queued responses, if the oldest is due (rsp_push). */
+static void rsp_send_due(struct tcp_conn *c)
+{
+	if (atomic_load(&c->rsp_n) && urdma_now_ns() >= atomic_load(&c->rsp_due))
+		rsp_send(c);
 }
 
 static void tx_unlock(struct tcp_conn *c)
@@ -1427,17 +1459,16 @@ static int rx_read_req(struct tcp_conn *c, const struct iwarp_msg *m,
 	rsp.read = true;
 	rsp.va = va;
 	rsp.len = rr->size;
-	if (rsp_push(c, &rsp)) {
+	/* A flush's answer waits for our next message, two quiet polls, a
+	 * call to the connection manager (tcp_release) or its time (the
+	 * receive pass's hold, rx_locked), so that the application sees the
+	 * message before we make a system call for it.  Data goes now. */
+	if (rsp_push(c, &rsp, rr->size ? 0 : c->rx_hold_ns)) {
 		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
 				  TERM_RDMAP_EC_UNSPEC,
 				  TERM_HDRCT_D | TERM_HDRCT_R);
 		return RX_ERR;
 	}
-	/* A flush's answer waits for our next message, two quiet polls, a
-	 * call to the connection manager (tcp_release) or the progress
-	 * thread's next pass (50 ms at most, urdma_progress_ticker), so that
-	 * the application sees the message before we make a system call for
-	 * it.  Data goes now. */
 	if (rr->size)
 		rsp_send(c);
 	return RX_OK;
@@ -1491,7 +1522,7 @@ static int rx_atomic_req(struct tcp_conn *c, const struct iwarp_msg *m,
 			      c->tx_msn[DDP_QN_ATOMIC_RESP]++);
 	memcpy(r.hdr + r.hlen, &resp, sizeof(resp));
 	r.hlen += sizeof(resp);
-	if (rsp_push(c, &r)) {
+	if (rsp_push(c, &r, 0)) {
 		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
 				  TERM_RDMAP_EC_UNSPEC, TERM_HDRCT_D);
 		return RX_ERR;
@@ -1610,12 +1641,24 @@ static __thread struct tcp_conn *rx_owner;
 
 static void rx_pass(struct tcp_conn *c);
 
-/* Process what has arrived.  Under rx_lock, state C_UP. */
-static void rx_locked(struct tcp_conn *c)
+
+static bool app_polling(struct tcp_conn *c);
+
+static uint64_t progress_hold_ns(struct tcp_conn *c)
+{
+	return app_polling(c) && c->qp && !atomic_load(&c->qp->shm->notify) ?
+		       HOLD_NEAR_NS :
+		       0;
+}
+
+/* Process what has arrived, holding answers for hold_ns.  Under rx_lock,
+ * state C_UP. */
+static void rx_locked(struct tcp_conn *c, uint64_t hold_ns)
 {
 	struct tcp_conn *outer = rx_owner;
 
 	rx_owner = c;
+	c->rx_hold_ns = hold_ns;
 	rx_pass(c);
 	rx_owner = outer;
 }
@@ -1793,9 +1836,6 @@ static void conn_up(struct tcp_conn *c)
 	list_del(&c->node);
 	list_init(&c->node);
 	conn_sync_timeout(c, qp);
-	/* Answers held back for our next message (rx_read_req) are sent by
-	 * the progress thread if that message does not come: within 50 ms. */
-	urdma_progress_ticker(1);
 	atomic_store(&c->state, C_UP);
 	__atomic_store_n(&qp->tr_priv, c, __ATOMIC_RELEASE);
 	/* Edge-triggered: one wake-up per arrival (unless parked). */
@@ -1942,6 +1982,9 @@ static int conn_start(struct tcp_conn *c)
 }
 
 #define POLLING_NS 200000ull
+/* How often tcp_maintain looks at a parked stream (the progress thread's
+ * pass while something is pending). */
+#define PARK_LOOK_NS 2000000ull
 /* Two polls this close belong to one poll loop (a poll that receives
  * nothing costs one recv, well under 1 us here). */
 #define TIGHT_POLL_NS 5000ull
@@ -1969,6 +2012,10 @@ static void conn_park(struct tcp_conn *c, bool park)
 		return;
 	atomic_store(&c->parked, park);
 	conn_watch(c);
+	/* tcp_maintain looks at it within PARK_LOOK_NS, and again each
+	 * PARK_LOOK_NS while it stays parked. */
+	if (park)
+		urdma_progress_by(urdma_now_ns() + PARK_LOOK_NS);
 }
 
 /*
@@ -2002,7 +2049,7 @@ static void tx_unpark(struct tcp_conn *c)
 {
 	pthread_mutex_lock(&c->rx_lock);
 	if (atomic_exchange(&c->tx_parked, false) && !c->closing) {
-		rx_locked(c);
+		rx_locked(c, HOLD_APP_NS);
 		conn_park(c, false);
 	}
 	pthread_mutex_unlock(&c->rx_lock);
@@ -2021,12 +2068,12 @@ static void conn_cb(struct urdma_watcher *w, uint32_t events)
 		return;
 	}
 	pthread_mutex_lock(&c->rx_lock);
-	rx_locked(c);
+	rx_locked(c, progress_hold_ns(c));
 	pthread_mutex_unlock(&c->rx_lock);
-	rsp_send(c); /* nobody waits on this thread */
+	rsp_send_due(c);
 	if (!atomic_load(&c->rsp_n) && atomic_exchange(&c->want_out, false)) {
 		conn_watch(c);
-		rsp_send(c); /* queued meanwhile */
+		rsp_send_due(c); /* queued meanwhile */
 	}
 }
 
@@ -2340,8 +2387,9 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
  * a zero-length Read goes out as a probe, and again each budget while it
  * stays stuck: a live peer's TCP acknowledges it and we keep waiting; on a
  * dead path it stays unacknowledged and the user timeout breaks the stream.
- * A probe's answer confirms what came before, like any flush.  The 200 ms
- * maintain tick is fine grained enough.  Under rx_lock.
+ * A probe's answer confirms what came before, like any flush.  The pass
+ * that sees the oldest waiting asks for the one a budget later.  Under
+ * rx_lock.
  */
 static void conn_probe_overdue(struct tcp_conn *c, struct urdma_qp *qp)
 {
@@ -2360,10 +2408,11 @@ static void conn_probe_overdue(struct tcp_conn *c, struct urdma_qp *qp)
 	if (!c->watch_ns || c->watch_head != head) {
 		c->watch_head = head;
 		c->watch_ns = now;
+	}
+	if (now - c->watch_ns < budget || used + 1 >= c->unc_size) {
+		urdma_progress_by(c->watch_ns + budget);
 		return;
 	}
-	if (now - c->watch_ns < budget || used + 1 >= c->unc_size)
-		return;
 	if (pthread_mutex_trylock(&c->tx_lock))
 		return; /* a sender holds the stream: its bytes are timed */
 	c->watch_ns = now;
@@ -2422,9 +2471,10 @@ static bool tcp_maintain(struct urdma_qp *qp)
 			unread = true;
 		}
 		if (unread || atomic_load(&c->stalled))
-			rx_locked(c);
-		again = atomic_load(&c->stalled) || atomic_load(&c->parked) ||
-			(atomic_load(&c->rsp_n) && !atomic_load(&c->dead));
+			rx_locked(c, progress_hold_ns(c));
+		if (atomic_load(&c->parked))
+			urdma_progress_by(urdma_now_ns() + PARK_LOOK_NS);
+		again = atomic_load(&c->stalled);
 		conn_probe_overdue(c, qp);
 		/* Unconfirmed messages on a lost stream fail at once, the
 		 * first with RETRY_EXC_ERR, as when a NIC's retries run out.
@@ -2438,7 +2488,7 @@ static bool tcp_maintain(struct urdma_qp *qp)
 		}
 	}
 	pthread_mutex_unlock(&c->rx_lock);
-	rsp_send(c);
+	rsp_send_due(c);
 	if (fail) /* sq_lock is outer to rx_lock */
 		urdma_qp_set_error(qp, true);
 	return again;
@@ -2473,7 +2523,7 @@ static void tcp_poll(struct urdma_qp *qp)
 		return;
 	seen = c->rx_bytes;
 	if (c->rlen || atomic_load(&c->stalled) || rx_ready(c))
-		rx_locked(c);
+		rx_locked(c, HOLD_APP_NS);
 	/* Polls that find nothing, back to back (a poll loop, not one poll
 	 * per call of an application that then spins on memory). */
 	if (c->rx_bytes != seen)
