@@ -249,7 +249,9 @@ static void spin_child(struct t_peer *p, void *arg)
  * that stopped watching for data while the application polled must look
  * again soon.  Over TCP that look comes within 2 ms; before it was asked
  * for, it waited for the progress thread's long sleep to end (50 ms).  The
- * median of the rounds must stay well below that.
+ * median of the rounds must stay well below that.  The same when the poll
+ * loop ended by receiving a Send (arg): the stream then stays parked for
+ * the target's next send, which does not come.
  */
 #define LOOK_ROUNDS 11
 #define LOOK_BOUND_US 10000
@@ -260,13 +262,21 @@ static void look_parent(struct t_peer *p, void *arg)
 	initiator_open(&in, 64, NULL);
 	t_connect_pair(p, &in.r, in.mr, &in.remote);
 	for (uint64_t i = 1; i <= LOOK_ROUNDS; i++) {
-		(void)t_recv_u64(p, T_WAIT_MS); /* the target spins */
+		int ret;
+
+		(void)t_recv_u64(p, T_WAIT_MS); /* the target polls or spins */
+		if (arg) {
+			/* A Send for the target's poll loop, the Write behind it */
+			memcpy(in.buf + 8, &i, sizeof(i));
+			ret = t_post_send(in.r.qp, 100 + i, IBV_WR_SEND, in.buf + 8, sizeof(i),
+					  in.mr->lkey, 0, 0, 0);
+			REQUIRE(ret == 0, "post SEND: %d", ret);
+		}
 		t_sleep_ms(1);
 		memcpy(in.buf, &i, sizeof(i));
 		uint64_t posted = t_now_us();
-		int ret = t_post_send(in.r.qp, i, IBV_WR_RDMA_WRITE, in.buf, sizeof(i),
-				      in.mr->lkey, IBV_SEND_SIGNALED, in.remote.addr,
-				      in.remote.rkey);
+		ret = t_post_send(in.r.qp, i, IBV_WR_RDMA_WRITE, in.buf, sizeof(i), in.mr->lkey,
+				  IBV_SEND_SIGNALED, in.remote.addr, in.remote.rkey);
 		REQUIRE(ret == 0, "post RDMA_WRITE: %d", ret);
 		t_send_u64(p, posted);
 		if (!t_expect_wc(in.r.send_cq, NULL, i, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE,
@@ -298,11 +308,26 @@ static void look_child(struct t_peer *p, void *arg)
 		 * stream since the last round; then a poll loop that finds
 		 * nothing, and off to spin. */
 		t_sleep_ms(5);
-		int got = 0;
-		for (int k = 0; k < 20; k++)
-			got += ibv_poll_cq(t.r.recv_cq, 1, &wc);
-		CHECK(got == 0, "the target's CQ had %d completions", got);
-		t_send_u64(p, i);
+		if (arg) {
+			/* A poll loop that receives a Send, then off to spin. */
+			REQUIRE(t_post_recv(t.r.qp, 100 + i, t.region + 32, 8, t.mr->lkey) == 0,
+				"post_recv");
+			t_send_u64(p, i);
+			uint64_t end = t_now_ms() + T_WAIT_MS;
+			int got;
+			while (!(got = ibv_poll_cq(t.r.recv_cq, 1, &wc)) && t_now_ms() < end)
+				; /* like perftest: no yield, no sleep */
+			if (!CHECK(got == 1 && wc.status == IBV_WC_SUCCESS &&
+				   wc.wr_id == 100 + i, "round %llu: no RECV (%d, %s)",
+				   (unsigned long long)i, got, t_wc_status_str(wc.status)))
+				break;
+		} else {
+			int got = 0;
+			for (int k = 0; k < 20; k++)
+				got += ibv_poll_cq(t.r.recv_cq, 1, &wc);
+			CHECK(got == 0, "the target's CQ had %d completions", got);
+			t_send_u64(p, i);
+		}
 		uint64_t end = t_now_ms() + T_WAIT_MS;
 		while (*v != i && t_now_ms() < end)
 			;
@@ -1043,6 +1068,7 @@ int main(int argc, char **argv)
 	t_pair("rdma_write_sge_list", write_sge_parent, write_child, NULL);
 	t_pair("rdma_write_target_spins", spin_parent, spin_child, NULL);
 	t_pair("rdma_write_target_polled_then_spins", look_parent, look_child, NULL);
+	t_pair("rdma_write_target_received_then_spins", look_parent, look_child, (void *)1);
 	t_pair("rdma_write_target_polls_never_sends", hold_parent, hold_child, NULL);
 	t_pair("rdma_write_with_imm", wimm_parent, wimm_child, NULL);
 	t_pair("rdma_read", read_parent, read_child, NULL);

@@ -112,6 +112,13 @@ struct tcp_rsp {
 	bool read;
 };
 
+/* Why a stream stays parked until our next send ends (tx_unpark): */
+enum txp {
+	TXP_NONE,
+	TXP_SEND, /* a long send parked it; the sender then reads (tx_park) */
+	TXP_RECV, /* a poll that received a message (tcp_poll) */
+};
+
 struct tcp_conn {
 	struct urdma_watcher w;
 	struct list_head node; /* in T.pending while being set up */
@@ -144,9 +151,8 @@ struct tcp_conn {
 	/* The progress thread does not watch for data: the application
 	 * polls (conn_park, under rx_lock). */
 	_Atomic bool parked;
-	/* Parked for the length of a long send by the sending thread, which
-	 * then takes what came meanwhile (tx_park, under rx_lock). */
-	_Atomic bool tx_parked;
+	/* Parked until our next send ends (enum txp, under rx_lock). */
+	_Atomic uint8_t tx_parked;
 	/* send side, under tx_lock */
 	uint32_t tx_msn[DDP_NUM_QN];
 	struct tx_seg tx_tail; /* an FPDU to send with the next message's end */
@@ -623,7 +629,7 @@ static int tx_wait(struct tcp_conn *c)
 	/* If rx_lock is busy, its holder is receiving; tcp_maintain unparks
 	 * a stream that nobody polls. */
 	if (!pthread_mutex_trylock(&c->rx_lock)) {
-		if (atomic_exchange(&c->tx_parked, false) && !c->closing)
+		if (atomic_exchange(&c->tx_parked, TXP_NONE) && !c->closing)
 			conn_park(c, false);
 		rx_locked(c, HOLD_APP_NS);
 		/* Wake for data too, unless a Send waits for a receive. */
@@ -2001,13 +2007,18 @@ static bool app_polling(struct tcp_conn *c)
  * woken progress thread would, and on a busy core that wake-up would delay
  * it.  So the progress thread stops watching the stream (parked).  As soon
  * as a poll receives something the application is about to leave the
- * library, perhaps to spin on memory for a one-sided operation: unparked.
+ * library, perhaps to spin on memory for a one-sided operation: unparked,
+ * at once, or after its next send if what came was a message (tcp_poll).
  * tcp_maintain unparks a stream whose application stopped polling, and
  * tcp_armed one whose application is about to sleep on its CQ.  Under
  * rx_lock.
  */
 static void conn_park(struct tcp_conn *c, bool park)
 {
+	uint8_t recv = TXP_RECV;
+
+	if (!park) /* a receiving poll's park ends with any unpark */
+		atomic_compare_exchange_strong(&c->tx_parked, &recv, TXP_NONE);
 	if (atomic_load(&c->parked) == park)
 		return;
 	atomic_store(&c->parked, park);
@@ -2038,18 +2049,28 @@ static bool tx_park(struct tcp_conn *c)
 	if (!atomic_load(&c->parked) && atomic_load(&c->state) == C_UP &&
 	    !c->closing) {
 		conn_park(c, true);
-		atomic_store(&c->tx_parked, true);
+		atomic_store(&c->tx_parked, TXP_SEND);
 		parked = true;
 	}
 	pthread_mutex_unlock(&c->rx_lock);
 	return parked;
 }
 
-static void tx_unpark(struct tcp_conn *c)
+/* After a send: end the park that waited for it.  A long send's own
+ * (wait) takes what came meanwhile; a receiving poll's gives the stream
+ * back, unless someone receives now (then tcp_maintain does). */
+static void tx_unpark(struct tcp_conn *c, bool wait)
 {
-	pthread_mutex_lock(&c->rx_lock);
-	if (atomic_exchange(&c->tx_parked, false) && !c->closing) {
-		rx_locked(c, HOLD_APP_NS);
+	uint8_t how;
+
+	if (!wait && pthread_mutex_trylock(&c->rx_lock))
+		return;
+	if (wait)
+		pthread_mutex_lock(&c->rx_lock);
+	how = atomic_exchange(&c->tx_parked, TXP_NONE);
+	if (how != TXP_NONE && !c->closing) {
+		if (how == TXP_SEND)
+			rx_locked(c, HOLD_APP_NS);
 		conn_park(c, false);
 	}
 	pthread_mutex_unlock(&c->rx_lock);
@@ -2339,7 +2360,7 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	bool rd = w->opcode == IBV_WR_RDMA_READ ||
 		  w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
 		  w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
-	bool tx_parked;
+	bool long_park;
 	int n = 0;
 
 	if (c && atomic_load(&c->dead)) {
@@ -2366,7 +2387,7 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 				    rd ? IBV_ACCESS_LOCAL_WRITE : 0);
 	if (*status != IBV_WC_SUCCESS)
 		return URDMA_TX_DONE;
-	tx_parked = !rd && w->byte_len >= TX_PARK_MIN && tx_park(c);
+	long_park = !rd && w->byte_len >= TX_PARK_MIN && tx_park(c);
 	pthread_mutex_lock(&c->tx_lock);
 	conn_sync_timeout(c, qp);
 	if (rd)
@@ -2374,8 +2395,8 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	else
 		tx_send_write(c, qp, w, sp, n);
 	tx_unlock(c);
-	if (tx_parked)
-		tx_unpark(c);
+	if (long_park || atomic_load(&c->tx_parked) == TXP_RECV)
+		tx_unpark(c, long_park);
 	return r;
 }
 
@@ -2516,12 +2537,14 @@ static void tcp_poll(struct urdma_qp *qp)
 	uint64_t seen, now = urdma_now_ns();
 	uint64_t prev = atomic_load_explicit(&c->last_poll_ns,
 					     memory_order_relaxed);
+	uint32_t recvs;
 	bool quiet;
 
 	atomic_store_explicit(&c->last_poll_ns, now, memory_order_relaxed);
 	if (pthread_mutex_trylock(&c->rx_lock))
 		return;
 	seen = c->rx_bytes;
+	recvs = c->qp ? atomic_load(&c->qp->shm->rq_done) : 0;
 	if (c->rlen || atomic_load(&c->stalled) || rx_ready(c))
 		rx_locked(c, HOLD_APP_NS);
 	/* Polls that find nothing, back to back (a poll loop, not one poll
@@ -2536,8 +2559,26 @@ static void tcp_poll(struct urdma_qp *qp)
 	 * go with its next message; one that waits is not answering: send
 	 * them now. */
 	quiet = c->quiet_polls >= 2;
-	/* Not while the CQ is armed: the application is about to sleep. */
-	conn_park(c, quiet && c->qp && !atomic_load(&c->qp->shm->notify));
+	/* A poll that received a message while parked: the application
+	 * leaves to answer it, and its send gives the stream back once the
+	 * answer is on its way (TXP_RECV, tx_unpark); an unpark here would put
+	 * a system call between the message and the answer.  A close poll
+	 * after it keeps that.  Anything else received (an answer, a Write):
+	 * the application may leave to spin on memory for the peer's Write
+	 * (ib_write_lat), so the stream goes back now. */
+	if (!c->qp || atomic_load(&c->qp->shm->notify)) {
+		conn_park(c, false); /* the application is about to sleep */
+	} else if (quiet) {
+		conn_park(c, true);
+	} else if (atomic_load(&c->parked) && !c->quiet_polls &&
+		   atomic_load(&c->qp->shm->rq_done) != recvs) {
+		uint8_t none = TXP_NONE;
+
+		atomic_compare_exchange_strong(&c->tx_parked, &none, TXP_RECV);
+	} else if (atomic_load(&c->tx_parked) != TXP_RECV ||
+		   now - prev >= TIGHT_POLL_NS) {
+		conn_park(c, false);
+	}
 	pthread_mutex_unlock(&c->rx_lock);
 	if (quiet)
 		rsp_send(c);
