@@ -256,6 +256,22 @@ static void spin_child(struct t_peer *p, void *arg)
 #define LOOK_ROUNDS 11
 #define LOOK_BOUND_US 10000
 
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* The median of n delays (us) must stay under bound; what names them. */
+static void check_median(uint64_t *us, int n, uint64_t bound, const char *what)
+{
+	qsort(us, n, sizeof(us[0]), cmp_u64);
+	t_note("%s: median %llu us, max %llu us", what, (unsigned long long)us[n / 2],
+	       (unsigned long long)us[n - 1]);
+	CHECK(us[n / 2] < bound, "%s: median %llu us, bound %llu us", what,
+	      (unsigned long long)us[n / 2], (unsigned long long)bound);
+}
+
 static void look_parent(struct t_peer *p, void *arg)
 {
 	struct initiator in;
@@ -285,12 +301,6 @@ static void look_parent(struct t_peer *p, void *arg)
 	}
 	t_barrier(p);
 	initiator_close(&in);
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
 }
 
 static void look_child(struct t_peer *p, void *arg)
@@ -338,15 +348,9 @@ static void look_child(struct t_peer *p, void *arg)
 			break;
 		delay[n++] = seen > posted ? seen - posted : 0;
 	}
-	if (n == LOOK_ROUNDS) {
-		qsort(delay, n, sizeof(delay[0]), cmp_u64);
-		t_note("WRITE seen by a target that polled, then spun: median %llu us, "
-		       "max %llu us", (unsigned long long)delay[n / 2],
-		       (unsigned long long)delay[n - 1]);
-		CHECK(delay[n / 2] < LOOK_BOUND_US,
-		      "median delay %llu us: the data waited for the progress thread's "
-		      "long sleep", (unsigned long long)delay[n / 2]);
-	}
+	if (n == LOOK_ROUNDS)
+		check_median(delay, n, LOOK_BOUND_US,
+			     "WRITE seen by a target that polled, then spun");
 	t_barrier(p);
 	target_close(&t);
 }
@@ -385,15 +389,9 @@ static void hold_parent(struct t_peer *p, void *arg)
 		t_sleep_ms(1);
 	}
 	t_send_u64(p, 0); /* done */
-	if (n == HOLD_ROUNDS) {
-		qsort(took, n, sizeof(took[0]), cmp_u64);
-		t_note("signaled WRITE to a target that polls now and then: median %llu us, "
-		       "max %llu us", (unsigned long long)took[n / 2],
-		       (unsigned long long)took[n - 1]);
-		CHECK(took[n / 2] < HOLD_BOUND_US,
-		      "median completion %llu us: the target held its answer back",
-		      (unsigned long long)took[n / 2]);
-	}
+	if (n == HOLD_ROUNDS)
+		check_median(took, n, HOLD_BOUND_US,
+			     "signaled WRITE to a target that polls but never sends, completed");
 	t_barrier(p);
 	initiator_close(&in);
 }
