@@ -319,6 +319,8 @@ static void progress_atfork_child(void)
 {
 	running = false;
 	epfd = kickfd = -1;
+	atomic_store(&sleep_end, 0);
+	atomic_store(&due, 0);
 	list_init(&ctxs);
 	pthread_mutex_init(&ctx_lock, NULL);
 }
