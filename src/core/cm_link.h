@@ -36,8 +36,8 @@ struct verbs_ex_private {
 				uint32_t handle);
 	/* The application turns to setting up connections: answers held back
 	 * to ride with its next message on a QP (TCP flush answers) go now,
-	 * not at the progress thread's next tick, as the peer's Send
-	 * completes only with them. */
+	 * not when their time comes (2 ms), as the peer's Send completes only
+	 * with them. */
 	void (*release_held)(void);
 };
 

@@ -666,12 +666,12 @@ static ssize_t tx_some(struct tcp_conn *c, struct iovec *iov, int n)
 
 /* ---- responses ---- */
 
-/* Queue a response, to go within hold_ns.  Receive path (rx_lock).
- * -ENOSPC: the peer asks more than it reads. */
+/* Queue a response, to go within hold_ns (0: now, due 0).  Receive path
+ * (rx_lock).  -ENOSPC: the peer asks more than it reads. */
 static int rsp_push(struct tcp_conn *c, const struct tcp_rsp *r,
 		    uint64_t hold_ns)
 {
-	uint64_t due = urdma_now_ns() + hold_ns;
+	uint64_t due = hold_ns ? urdma_now_ns() + hold_ns : 0;
 
 	pthread_mutex_lock(&c->rsp_lock);
 	if (c->rsp_tail - c->rsp_head == c->rsp_size) {
@@ -1647,16 +1647,6 @@ static __thread struct tcp_conn *rx_owner;
 
 static void rx_pass(struct tcp_conn *c);
 
-
-static bool app_polling(struct tcp_conn *c);
-
-static uint64_t progress_hold_ns(struct tcp_conn *c)
-{
-	return app_polling(c) && c->qp && !atomic_load(&c->qp->shm->notify) ?
-		       HOLD_NEAR_NS :
-		       0;
-}
-
 /* Process what has arrived, holding answers for hold_ns.  Under rx_lock,
  * state C_UP. */
 static void rx_locked(struct tcp_conn *c, uint64_t hold_ns)
@@ -2001,6 +1991,14 @@ static bool app_polling(struct tcp_conn *c)
 	return urdma_now_ns() - atomic_load(&c->last_poll_ns) < POLLING_NS;
 }
 
+/* The hold of a receive pass the progress thread runs (HOLD_NEAR_NS). */
+static uint64_t progress_hold_ns(struct tcp_conn *c)
+{
+	return app_polling(c) && c->qp && !atomic_load(&c->qp->shm->notify) ?
+		       HOLD_NEAR_NS :
+		       0;
+}
+
 /*
  * Parking: an application that polls its CQ and finds nothing, twice, waits
  * inside the library; what arrives now it receives itself, sooner than a
@@ -2063,10 +2061,10 @@ static void tx_unpark(struct tcp_conn *c, bool wait)
 {
 	uint8_t how;
 
-	if (!wait && pthread_mutex_trylock(&c->rx_lock))
-		return;
 	if (wait)
 		pthread_mutex_lock(&c->rx_lock);
+	else if (pthread_mutex_trylock(&c->rx_lock))
+		return;
 	how = atomic_exchange(&c->tx_parked, TXP_NONE);
 	if (how != TXP_NONE && !c->closing) {
 		if (how == TXP_SEND)
