@@ -350,7 +350,8 @@ static void look_child(struct t_peer *p, void *arg)
 	}
 	if (n == LOOK_ROUNDS)
 		check_median(delay, n, LOOK_BOUND_US,
-			     "WRITE seen by a target that polled, then spun");
+			     arg ? "WRITE seen by a target that received a Send, then spun" :
+				   "WRITE seen by a target that polled, then spun");
 	t_barrier(p);
 	target_close(&t);
 }
