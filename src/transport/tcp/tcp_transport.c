@@ -117,6 +117,7 @@ enum txp {
 	TXP_NONE,
 	TXP_SEND, /* a long send parked it; the sender then reads (tx_park) */
 	TXP_RECV, /* a poll that received a message (tcp_poll) */
+	TXP_WRITE, /* a poll that received a Write (tcp_poll) */
 };
 
 struct tcp_conn {
@@ -147,7 +148,11 @@ struct tcp_conn {
 	_Atomic bool stalled; /* a Send waits for a receive WR */
 	_Atomic uint64_t last_poll_ns; /* an application thread polled */
 	uint64_t rx_bytes;     /* received so far (rx_lock) */
+	uint32_t rx_writes;    /* Writes placed whole (rx_lock) */
 	unsigned quiet_polls;  /* application polls that received nothing */
+	/* Its application once spun on memory after a poll that received a
+	 * Write, until tcp_maintain unparked (no TXP_WRITE since; rx_lock). */
+	bool spins;
 	/* The progress thread does not watch for data: the application
 	 * polls (conn_park, under rx_lock). */
 	_Atomic bool parked;
@@ -1377,6 +1382,7 @@ static int rx_write(struct tcp_conn *c, const struct iwarp_msg *m,
 	if (m->last) {
 		c->last_write_len = c->write_len;
 		c->write_len = 0;
+		c->rx_writes++;
 	}
 	return RX_OK;
 }
@@ -2013,10 +2019,11 @@ static uint64_t progress_hold_ns(struct tcp_conn *c)
  */
 static void conn_park(struct tcp_conn *c, bool park)
 {
-	uint8_t recv = TXP_RECV;
+	uint8_t how = atomic_load(&c->tx_parked);
 
-	if (!park) /* a receiving poll's park ends with any unpark */
-		atomic_compare_exchange_strong(&c->tx_parked, &recv, TXP_NONE);
+	/* A receiving poll's park ends with any unpark. */
+	if (!park && (how == TXP_RECV || how == TXP_WRITE))
+		atomic_compare_exchange_strong(&c->tx_parked, &how, TXP_NONE);
 	if (atomic_load(&c->parked) == park)
 		return;
 	atomic_store(&c->parked, park);
@@ -2393,7 +2400,7 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	else
 		tx_send_write(c, qp, w, sp, n);
 	tx_unlock(c);
-	if (long_park || atomic_load(&c->tx_parked) == TXP_RECV)
+	if (long_park || atomic_load(&c->tx_parked) >= TXP_RECV)
 		tx_unpark(c, long_park);
 	return r;
 }
@@ -2486,6 +2493,9 @@ static bool tcp_maintain(struct urdma_qp *qp)
 
 		if (atomic_load(&c->parked) &&
 		    (!app_polling(c) || atomic_load(&qp->shm->notify))) {
+			/* Left after a Write to spin on memory for another. */
+			if (atomic_load(&c->tx_parked) == TXP_WRITE)
+				c->spins = true;
 			conn_park(c, false);
 			unread = true;
 		}
@@ -2535,13 +2545,15 @@ static void tcp_poll(struct urdma_qp *qp)
 	uint64_t seen, now = urdma_now_ns();
 	uint64_t prev = atomic_load_explicit(&c->last_poll_ns,
 					     memory_order_relaxed);
-	uint32_t recvs;
+	uint32_t recvs, writes;
+	uint8_t how;
 	bool quiet;
 
 	atomic_store_explicit(&c->last_poll_ns, now, memory_order_relaxed);
 	if (pthread_mutex_trylock(&c->rx_lock))
 		return;
 	seen = c->rx_bytes;
+	writes = c->rx_writes;
 	recvs = c->qp ? atomic_load(&c->qp->shm->rq_done) : 0;
 	if (c->rlen || atomic_load(&c->stalled) || rx_ready(c))
 		rx_locked(c, HOLD_APP_NS);
@@ -2557,23 +2569,31 @@ static void tcp_poll(struct urdma_qp *qp)
 	 * go with its next message; one that waits is not answering: send
 	 * them now. */
 	quiet = c->quiet_polls >= 2;
+	how = TXP_NONE;
+	if (c->qp && atomic_load(&c->parked) && !c->quiet_polls) {
+		if (atomic_load(&c->qp->shm->rq_done) != recvs)
+			how = TXP_RECV;
+		else if (c->rx_writes != writes && !c->spins)
+			how = TXP_WRITE;
+	}
 	/* A poll that received a message while parked: the application
 	 * leaves to answer it, and its send gives the stream back once the
 	 * answer is on its way (TXP_RECV, tx_unpark); an unpark here would put
-	 * a system call between the message and the answer.  A close poll
-	 * after it keeps that.  Anything else received (an answer, a Write):
-	 * the application may leave to spin on memory for the peer's Write
-	 * (ib_write_lat), so the stream goes back now. */
+	 * a system call between the message and the answer.  The same for a
+	 * Write (TXP_WRITE: ib_write_lat answers the peer's Write with its
+	 * own), unless this application was once found spinning on memory
+	 * after one, waiting for a Write still to come (spins, tcp_maintain):
+	 * then, as for anything else received (an answer), the stream goes
+	 * back now.  A close poll after it keeps the park. */
 	if (!c->qp || atomic_load(&c->qp->shm->notify)) {
 		conn_park(c, false); /* the application is about to sleep */
 	} else if (quiet) {
 		conn_park(c, true);
-	} else if (atomic_load(&c->parked) && !c->quiet_polls &&
-		   atomic_load(&c->qp->shm->rq_done) != recvs) {
+	} else if (how != TXP_NONE) {
 		uint8_t none = TXP_NONE;
 
-		atomic_compare_exchange_strong(&c->tx_parked, &none, TXP_RECV);
-	} else if (atomic_load(&c->tx_parked) != TXP_RECV ||
+		atomic_compare_exchange_strong(&c->tx_parked, &none, how);
+	} else if (atomic_load(&c->tx_parked) < TXP_RECV ||
 		   now - prev >= TIGHT_POLL_NS) {
 		conn_park(c, false);
 	}
