@@ -259,14 +259,15 @@ static void spin_child(struct t_peer *p, void *arg)
  * target's next send, as ib_write_lat wants, until the transport finds
  * the target spinning instead (in the first round, within 2 ms); from then
  * on this connection's stream goes back to the progress thread at once,
- * and the flag takes microseconds.  Measured: 0 to 2 of 21 rounds over
- * 1 ms (median 41-50 us); 12 to 17 when every such poll kept the park
- * (each waited for the transport's next look, up to 2 ms).
+ * and the flag takes microseconds.  Measured, rounds over 500 us: 2 to 4
+ * of 21 alone (median 53-69 us), once 7 (over 1 ms) in a whole make check;
+ * 15 to 18 when every such poll kept the park (each waited for the
+ * transport's next look, up to 2 ms).
  */
 #define LOOK_ROUNDS 21
 #define LOOK_BOUND_US 10000
-#define LOOK_PLACED_SLOW_US 1000
-#define LOOK_PLACED_SLOW_MAX 6
+#define LOOK_PLACED_SLOW_US 500
+#define LOOK_PLACED_SLOW_MAX 10
 enum { LOOK_POLLED, LOOK_RECEIVED, LOOK_PLACED };
 
 static int cmp_u64(const void *a, const void *b)
