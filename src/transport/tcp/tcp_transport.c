@@ -116,8 +116,7 @@ struct tcp_rsp {
 enum txp {
 	TXP_NONE,
 	TXP_SEND, /* a long send parked it; the sender then reads (tx_park) */
-	TXP_RECV, /* a poll that received a message (tcp_poll) */
-	TXP_WRITE, /* a poll that received a Write (tcp_poll) */
+	TXP_RECV, /* a poll that received a message or a Write (tcp_poll) */
 };
 
 struct tcp_conn {
@@ -150,8 +149,9 @@ struct tcp_conn {
 	uint64_t rx_bytes;     /* received so far (rx_lock) */
 	uint32_t rx_writes;    /* Writes placed whole (rx_lock) */
 	unsigned quiet_polls;  /* application polls that received nothing */
-	/* Its application once spun on memory after a poll that received a
-	 * Write, until tcp_maintain unparked (no TXP_WRITE since; rx_lock). */
+	/* Its application once left a TXP_RECV park to tcp_maintain: it does
+	 * not answer what it receives (it spins on memory for more), so a
+	 * receiving poll unparks at once from then on (rx_lock). */
 	bool spins;
 	/* The progress thread does not watch for data: the application
 	 * polls (conn_park, under rx_lock). */
@@ -2019,11 +2019,10 @@ static uint64_t progress_hold_ns(struct tcp_conn *c)
  */
 static void conn_park(struct tcp_conn *c, bool park)
 {
-	uint8_t how = atomic_load(&c->tx_parked);
+	uint8_t recv = TXP_RECV;
 
-	/* A receiving poll's park ends with any unpark. */
-	if (!park && (how == TXP_RECV || how == TXP_WRITE))
-		atomic_compare_exchange_strong(&c->tx_parked, &how, TXP_NONE);
+	if (!park) /* a receiving poll's park ends with any unpark */
+		atomic_compare_exchange_strong(&c->tx_parked, &recv, TXP_NONE);
 	if (atomic_load(&c->parked) == park)
 		return;
 	atomic_store(&c->parked, park);
@@ -2400,7 +2399,7 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	else
 		tx_send_write(c, qp, w, sp, n);
 	tx_unlock(c);
-	if (long_park || atomic_load(&c->tx_parked) >= TXP_RECV)
+	if (long_park || atomic_load(&c->tx_parked) == TXP_RECV)
 		tx_unpark(c, long_park);
 	return r;
 }
@@ -2493,8 +2492,7 @@ static bool tcp_maintain(struct urdma_qp *qp)
 
 		if (atomic_load(&c->parked) &&
 		    (!app_polling(c) || atomic_load(&qp->shm->notify))) {
-			/* Left after a Write to spin on memory for another. */
-			if (atomic_load(&c->tx_parked) == TXP_WRITE)
+			if (atomic_load(&c->tx_parked) == TXP_RECV)
 				c->spins = true;
 			conn_park(c, false);
 			unread = true;
@@ -2546,7 +2544,6 @@ static void tcp_poll(struct urdma_qp *qp)
 	uint64_t prev = atomic_load_explicit(&c->last_poll_ns,
 					     memory_order_relaxed);
 	uint32_t recvs, writes;
-	uint8_t how;
 	bool quiet;
 
 	atomic_store_explicit(&c->last_poll_ns, now, memory_order_relaxed);
@@ -2569,31 +2566,26 @@ static void tcp_poll(struct urdma_qp *qp)
 	 * go with its next message; one that waits is not answering: send
 	 * them now. */
 	quiet = c->quiet_polls >= 2;
-	how = TXP_NONE;
-	if (c->qp && atomic_load(&c->parked) && !c->quiet_polls) {
-		if (atomic_load(&c->qp->shm->rq_done) != recvs)
-			how = TXP_RECV;
-		else if (c->rx_writes != writes && !c->spins)
-			how = TXP_WRITE;
-	}
-	/* A poll that received a message while parked: the application
-	 * leaves to answer it, and its send gives the stream back once the
-	 * answer is on its way (TXP_RECV, tx_unpark); an unpark here would put
-	 * a system call between the message and the answer.  The same for a
-	 * Write (TXP_WRITE: ib_write_lat answers the peer's Write with its
-	 * own), unless this application was once found spinning on memory
-	 * after one, waiting for a Write still to come (spins, tcp_maintain):
-	 * then, as for anything else received (an answer), the stream goes
-	 * back now.  A close poll after it keeps the park. */
+	/* A poll that received a message or a Write while parked: the
+	 * application leaves to answer it (ib_send_lat, ib_write_lat), and
+	 * its send gives the stream back once the answer is on its way
+	 * (TXP_RECV, tx_unpark); an unpark here would put a system call
+	 * between the message and the answer.  A close poll after it keeps
+	 * that.  Unless this application was once found not answering
+	 * (spins: it spun on memory for a Write still to come, and
+	 * tcp_maintain had to unpark): then, as for anything else received
+	 * (an answer), the stream goes back now. */
 	if (!c->qp || atomic_load(&c->qp->shm->notify)) {
 		conn_park(c, false); /* the application is about to sleep */
 	} else if (quiet) {
 		conn_park(c, true);
-	} else if (how != TXP_NONE) {
+	} else if (atomic_load(&c->parked) && !c->quiet_polls && !c->spins &&
+		   (atomic_load(&c->qp->shm->rq_done) != recvs ||
+		    c->rx_writes != writes)) {
 		uint8_t none = TXP_NONE;
 
-		atomic_compare_exchange_strong(&c->tx_parked, &none, how);
-	} else if (atomic_load(&c->tx_parked) < TXP_RECV ||
+		atomic_compare_exchange_strong(&c->tx_parked, &none, TXP_RECV);
+	} else if (atomic_load(&c->tx_parked) != TXP_RECV ||
 		   now - prev >= TIGHT_POLL_NS) {
 		conn_park(c, false);
 	}
