@@ -664,7 +664,10 @@ int urdma_peer_wake(struct urdma_peer *p)
 	if (fd < 0) {
 		snprintf(path, sizeof(path), "%s/ctx-%x.wake", urdma_proc.dir,
 			 p->ctx_id);
-		fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+		/* Read-write: with a reader of our own the FIFO never
+		 * raises SIGPIPE (nor EPIPE) once its owner has died; what
+		 * we write then fills it, and EAGAIN follows. */
+		fd = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
 		if (fd < 0)
 			return -errno;
 		int expected = -1;

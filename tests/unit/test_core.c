@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: MIT
 /* Unit tests of the core's data structures: the shared MR table, span
- * copies, and backing pages with the identity memfd; and the TCP
- * transport's CRC32c. */
+ * copies, and backing pages with the identity memfd; waking a peer that
+ * died; and the TCP transport's CRC32c. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/urdma.h"
@@ -247,6 +249,61 @@ static void test_alloc(void)
 	}
 }
 
+/*
+ * Waking a peer process (its context's FIFO) after it died: the write
+ * finds no reader.  Opened write-only, that raised SIGPIPE and killed the
+ * waker (rping's client, status 141, when its server was killed between
+ * the death and our progress thread seeing it).  It must return instead.
+ */
+static void test_wake_dead_peer(void)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	struct ibv_context *ctx = list && list[0] ? ibv_open_device(list[0]) : NULL;
+	int fds[2];
+	uint32_t id = 0;
+	pid_t pid;
+
+	CHECK(ctx != NULL);
+	if (!ctx || pipe(fds))
+		goto out;
+	pid = fork();
+	if (pid == 0) {
+		struct ibv_context *c = ibv_open_device(list[0]);
+
+		if (c)
+			id = to_uctx(c)->ctx_id;
+		if (write(fds[1], &id, sizeof(id)) != sizeof(id))
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	CHECK(pid > 0 && read(fds[0], &id, sizeof(id)) == sizeof(id) && id);
+	if (pid > 0 && id) {
+		struct urdma_peer *p = urdma_peer_get(id, pid);
+
+		CHECK(p != NULL);
+		if (p) {
+			CHECK(urdma_peer_wake(p) == 0); /* alive: opens the FIFO */
+			kill(pid, SIGKILL);
+			waitpid(pid, NULL, 0);
+			pid = 0;
+			CHECK(urdma_peer_wake(p) == 0); /* dead: no SIGPIPE */
+			urdma_peer_put(p);
+		}
+	}
+	if (pid > 0) {
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+	}
+	close(fds[0]);
+	close(fds[1]);
+out:
+	if (ctx)
+		ibv_close_device(ctx);
+	if (list)
+		ibv_free_device_list(list);
+}
+
 int main(void)
 {
 	test_alloc();
@@ -255,6 +312,7 @@ int main(void)
 	test_copy_spans();
 	test_backing();
 	test_roundup();
+	test_wake_dead_peer();
 	printf("%d passed, %d failed\n", checks - failures, failures);
 	return failures ? 1 : 0;
 }
