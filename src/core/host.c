@@ -172,7 +172,20 @@ static void host_atfork_child(void)
 			   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (tmp == MAP_FAILED)
 			continue;
-		memcpy(tmp, (void *)start, end - start);
+		/* From the memfd (identity offsets), not through the mapping:
+		 * the same bytes, and a sanitizer does not take whole pages
+		 * of a registered heap for an overflow. */
+		for (size_t got = 0, k; got < end - start; got += k) {
+			ssize_t r = pread(urdma_proc.memfd, (char *)tmp + got,
+					  end - start - got, (off_t)(off + got));
+
+			if (r <= 0) {
+				memcpy((char *)tmp + got, (char *)start + got,
+				       end - start - got);
+				break;
+			}
+			k = (size_t)r;
+		}
 		mprotect(tmp, end - start,
 			 (perms[0] == 'r' ? PROT_READ : 0) |
 				 (perms[1] == 'w' ? PROT_WRITE : 0) |
