@@ -3,6 +3,7 @@
  * copies, and backing pages with the identity memfd; waking a peer that
  * died; and the TCP transport's CRC32c. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +108,20 @@ static void test_backing(void)
 	/* backing again is a no-op */
 	CHECK(urdma_host_back_range(start, end - start) == 0);
 	CHECK(buf[7] == 'z');
+	/* A forked child gets private copies of backed pages, as fork
+	 * promises: it sees the bytes as they were, and what it writes
+	 * stays its own (host_atfork_child). */
+	pid_t pid = fork();
+	if (pid == 0) {
+		bool same = buf[0] == 'a' && buf[7] == 'z' && buf[9] == 'y' &&
+			    buf[len - 1] == 'a';
+		memset(buf, 'c', len);
+		_exit(same ? 0 : 1);
+	}
+	int status = -1;
+	CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	CHECK(buf[0] == 'a' && buf[7] == 'z' && buf[len - 1] == 'a');
 	/* a hole is refused */
 	char *m = mmap(NULL, 3 * 4096, PROT_READ | PROT_WRITE,
 		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -277,6 +292,7 @@ static void test_wake_dead_peer(void)
 		for (;;)
 			pause();
 	}
+	close(fds[1]); /* a child that dies first ends the read */
 	CHECK(pid > 0 && read(fds[0], &id, sizeof(id)) == sizeof(id) && id);
 	if (pid > 0 && id) {
 		struct urdma_peer *p = urdma_peer_get(id, pid);
@@ -296,7 +312,6 @@ static void test_wake_dead_peer(void)
 		waitpid(pid, NULL, 0);
 	}
 	close(fds[0]);
-	close(fds[1]);
 out:
 	if (ctx)
 		ibv_close_device(ctx);
