@@ -257,6 +257,9 @@ enum kind {
 	K_READ_FLOOD_T0,
 	K_FLUSH_FLOOD_T0,
 	K_STRAY_SEGMENT,
+	K_TERM_THEN_FLOOD,
+	K_BAD_THEN_FLOOD,
+	K_STALL_FLOOD_QP_ERR,
 	/* hostile MPA on the real QP's listener, then a proper connection */
 	K_MPA_GARBAGE,
 	K_MPA_HUGE_PD,
@@ -372,6 +375,20 @@ static const struct hcase cases[] = {
 	/* a Send segment with MO 100 that continues no message, then a
 	 * proper Send: an invalid-MO TERMINATE, and nothing lands */
 	{"send_stray_continuation_segment", K_STRAY_SEGMENT, NO_TERM, false, false},
+	/* a Write with an unknown STag, then the peer ignores the TERMINATE
+	 * and keeps sending while the real QP lives: its sends must go
+	 * through (dropped) or fail, not block on a stream nobody reads */
+	{"write_unknown_stag_then_peer_keeps_sending", K_TERM_THEN_FLOOD,
+	 TERM(TERM_LAYER_DDP, TERM_DDP_ET_TAGGED, TERM_DDP_EC_T_INV_STAG), true, false},
+	/* the same, the peer sending on right after the bad Write, reading
+	 * nothing: what it sent before the TERMINATE fills no window */
+	{"write_unknown_stag_then_flood_unread", K_BAD_THEN_FLOOD,
+	 TERM(TERM_LAYER_DDP, TERM_DDP_ET_TAGGED, TERM_DDP_EC_T_INV_STAG), true, false},
+	/* a Send with no receive posted (the reader waits), then the peer
+	 * fills the stream until it blocks; the application moves the QP to
+	 * ERR: the blocked peer's sends must fail, not wait for the QP's
+	 * destruction */
+	{"send_unreceived_flood_then_qp_error", K_STALL_FLOOD_QP_ERR, NO_TERM, false, false},
 	/* Hostile connections to the real QP's listener before the good one:
 	 * each is closed (or rejected), the good one then works. */
 	{"mpa_garbage_request", K_MPA_GARBAGE, NO_TERM, false, true},
@@ -889,6 +906,41 @@ static void read_back(struct ctx *c, struct in *in, uint64_t off, uint32_t len)
 	CHECK(got == len, "Read Response of %u bytes, asked %u", got, len);
 }
 
+/* The peer keeps sending (up to 64 MiB) while the real QP exists: a send
+ * must fail (the stream was reset) or go through, never wait 2 s for
+ * room. */
+static void expect_sends_not_blocked(struct ctx *c)
+{
+	static uint8_t junk[65536];
+	size_t sent = 0;
+	int err = 0;
+
+	memset(junk, 0x5a, sizeof(junk));
+	while (sent < 64u << 20) {
+		ssize_t k = send(c->fd, junk, sizeof(junk), MSG_NOSIGNAL | MSG_DONTWAIT);
+
+		if (k > 0) {
+			sent += (size_t)k;
+			continue;
+		}
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0 && errno == EAGAIN) {
+			struct pollfd pf = {.fd = c->fd, .events = POLLOUT};
+			if (!CHECK(poll(&pf, 1, 2000) == 1,
+				   "%s: the peer's send blocked for 2 s after %zu bytes: "
+				   "the real QP neither reads nor resets the stream",
+				   c->hc->name, sent))
+				return;
+			continue;
+		}
+		err = k < 0 ? errno : EPIPE;
+		break;
+	}
+	t_note("%s: the peer sent %zu more bytes, then: %s", c->hc->name, sent,
+	       err ? strerror(err) : "no error");
+}
+
 /* ------------------------------------------------------------------ */
 /* The case body                                                      */
 /* ------------------------------------------------------------------ */
@@ -972,6 +1024,8 @@ static void hostile_case(void *arg)
 		fpdu_raw(&o, c.crc, 13, h, n, pl, 18, false);
 		break;
 	case K_WRITE_BAD_STAG:
+	case K_TERM_THEN_FLOOD:
+	case K_BAD_THEN_FLOOD:
 		n = iwf_tagged(h, RDMAP_WRITE, true, c.mr->rkey ^ 0x00abcd00u, base);
 		fpdu(&o, c.crc, h, n, pl, 64);
 		break;
@@ -1119,6 +1173,10 @@ static void hostile_case(void *arg)
 	case K_READ_FLOOD_T0:
 	case K_FLUSH_FLOOD_T0:
 		break; /* below */
+	case K_STALL_FLOOD_QP_ERR:
+		n = iwf_untagged(h, RDMAP_SEND, true, DDP_QN_SEND, 0, 0);
+		fpdu(&o, c.crc, h, n, pl, 8);
+		break;
 	case K_STRAY_SEGMENT:
 		REQUIRE(t_post_recv(c.r.qp, 1, c.region + 256, 64, c.mr->lkey) == 0,
 			"post_recv");
@@ -1312,6 +1370,32 @@ static void hostile_case(void *arg)
 		      (unsigned long long)(d.end_ms - t0));
 		break;
 	}
+	case K_STALL_FLOOD_QP_ERR: {
+		/* Fill the stream until a send waits 300 ms for room. */
+		static uint8_t junk[65536];
+		size_t filled = 0;
+		bool full = false;
+
+		while (!full && filled < 64u << 20) {
+			ssize_t k = send(c.fd, junk, sizeof(junk), MSG_NOSIGNAL | MSG_DONTWAIT);
+			struct pollfd pf = {.fd = c.fd, .events = POLLOUT};
+
+			if (k > 0)
+				filled += (size_t)k;
+			else if (k < 0 && errno == EAGAIN)
+				full = poll(&pf, 1, 300) == 0;
+			else if (!(k < 0 && errno == EINTR))
+				break;
+		}
+		t_note("%s: the stream took %zu bytes and is %s", hc->name, filled,
+		       full ? "full" : "not full");
+		CHECK(full, "%s: the stream never filled: the real QP read past a Send "
+		      "with no receive posted", hc->name);
+		REQUIRE(t_modify_state(c.r.qp, IBV_QPS_ERR) == 0, "modify to ERR");
+		expect_sends_not_blocked(&c);
+		expect_memory(&c);
+		break;
+	}
 	case K_TRUNCATED_CLOSE:
 		/* The unconfirmed Write fails with RETRY_EXC_ERR, the QP enters
 		 * ERR. */
@@ -1346,11 +1430,15 @@ static void hostile_case(void *arg)
 		break;
 	}
 	default:
+		if (hc->kind == K_BAD_THEN_FLOOD)
+			expect_sends_not_blocked(&c);
 		if (!closed)
 			expect_reply(&c, &in, o.b + first_at, o.len - first_at);
 		if (hc->qp_err)
 			expect_qp_err(&c, true);
 		expect_memory(&c);
+		if (hc->kind == K_TERM_THEN_FLOOD)
+			expect_sends_not_blocked(&c);
 		if (hc->kind == K_SEND_TOO_LONG || hc->kind == K_BAD_MSN) {
 			if (t_poll_one(c.r.recv_cq, &wc, WAIT_MS, "the receive")) {
 				t_note("%s: receive completed %s, %u bytes", hc->name,

@@ -189,6 +189,7 @@ struct tcp_conn {
 	/* failure */
 	_Atomic bool dead;
 	bool dead_handled;
+	bool shut; /* given up (conn_shut): what arrives is dropped */
 	/* tcp_maintain's watch on the oldest unconfirmed message */
 	uint32_t watch_head;
 	uint64_t watch_ns;
@@ -1143,6 +1144,29 @@ static uint32_t unc_find_hdr(struct tcp_conn *c, const uint8_t *h, size_t len)
 	return i;
 }
 
+/* Drop what has arrived (a stream we gave up on). */
+static void rx_discard(struct tcp_conn *c)
+{
+	while (recv(c->fd, NULL, 1u << 30, MSG_DONTWAIT | MSG_TRUNC) > 0)
+		;
+}
+
+/*
+ * End a stream we give up on: a FIN after what we queued (a Terminate, the
+ * answers the peer earned), and from now on whatever arrives is dropped
+ * (rx_pass), the stream unparked so that the progress thread sees it.  A
+ * peer that keeps sending is not left waiting for room until our QP is
+ * destroyed, and it still reads our Terminate before the end of the
+ * stream (a reset could overtake it).  Under rx_lock.
+ */
+static void conn_shut(struct tcp_conn *c)
+{
+	shutdown(c->fd, SHUT_WR);
+	c->shut = true;
+	conn_park(c, false);
+	rx_discard(c);
+}
+
 /* Terminate the stream for an error in what we received. */
 static void rx_fail(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
 		    uint32_t hdr_len)
@@ -1152,7 +1176,7 @@ static void rx_fail(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
 	c->dead_handled = true;
 	conn_set_dead(c, "protocol error in received data");
 	send_terminate(c, ctrl, hdr, hdr_len);
-	shutdown(c->fd, SHUT_WR);
+	conn_shut(c);
 	unc_settle(c, c->unc_head, IBV_WC_WR_FLUSH_ERR);
 	qp_error_async(c);
 }
@@ -1671,6 +1695,10 @@ static void rx_pass(struct tcp_conn *c)
 
 	if (c->closing || !c->qp)
 		return;
+	if (c->shut) {
+		rx_discard(c);
+		return;
+	}
 	st = atomic_load(&c->qp->shm->state);
 	if (st == URDMA_SQPS_INIT) {
 		/* Connected before our modify to RTR finished: wait for it. */
@@ -2021,6 +2049,8 @@ static void conn_park(struct tcp_conn *c, bool park)
 {
 	uint8_t recv = TXP_RECV;
 
+	if (park && c->shut)
+		return; /* the progress thread drops what comes */
 	if (!park) /* a receiving poll's park ends with any unpark */
 		atomic_compare_exchange_strong(&c->tx_parked, &recv, TXP_NONE);
 	if (atomic_load(&c->parked) == park)
@@ -2479,7 +2509,7 @@ static bool tcp_maintain(struct urdma_qp *qp)
 			 * unconfirmed WRs fail as if our QP stopped answering.
 			 * The answers it already earned go first. */
 			rsp_send(c);
-			shutdown(c->fd, SHUT_RDWR);
+			conn_shut(c);
 			c->dead_handled = true;
 			conn_set_dead(c, "local QP in error");
 			unc_settle(c, c->unc_head, IBV_WC_WR_FLUSH_ERR);
