@@ -906,39 +906,39 @@ static void read_back(struct ctx *c, struct in *in, uint64_t off, uint32_t len)
 	CHECK(got == len, "Read Response of %u bytes, asked %u", got, len);
 }
 
-/* The peer keeps sending (up to 64 MiB) while the real QP exists: a send
- * must fail (the stream was reset) or go through, never wait 2 s for
- * room. */
-static void expect_sends_not_blocked(struct ctx *c)
+/* Junk sent without waiting, up to limit bytes; a send that finds no room
+ * waits up to wait_ms for it.  Returns 0 once limit bytes went, EAGAIN if
+ * the stream took nothing for wait_ms, else the error that ended it.
+ * *sent: the bytes that went. */
+static int send_junk(int fd, size_t limit, int wait_ms, size_t *sent)
 {
 	static uint8_t junk[65536];
-	size_t sent = 0;
-	int err = 0;
 
-	memset(junk, 0x5a, sizeof(junk));
-	while (sent < 64u << 20) {
-		ssize_t k = send(c->fd, junk, sizeof(junk), MSG_NOSIGNAL | MSG_DONTWAIT);
+	for (*sent = 0; *sent < limit;) {
+		ssize_t k = send(fd, junk, sizeof(junk), MSG_NOSIGNAL | MSG_DONTWAIT);
+		struct pollfd pf = {.fd = fd, .events = POLLOUT};
 
-		if (k > 0) {
-			sent += (size_t)k;
-			continue;
-		}
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k < 0 && errno == EAGAIN) {
-			struct pollfd pf = {.fd = c->fd, .events = POLLOUT};
-			if (!CHECK(poll(&pf, 1, 2000) == 1,
-				   "%s: the peer's send blocked for 2 s after %zu bytes: "
-				   "the real QP neither reads nor resets the stream",
-				   c->hc->name, sent))
-				return;
-			continue;
-		}
-		err = k < 0 ? errno : EPIPE;
-		break;
+		if (k > 0)
+			*sent += (size_t)k;
+		else if (k < 0 && errno == EAGAIN && poll(&pf, 1, wait_ms) == 0)
+			return EAGAIN;
+		else if (!(k < 0 && (errno == EINTR || errno == EAGAIN)))
+			return k < 0 ? errno : EPIPE;
 	}
-	t_note("%s: the peer sent %zu more bytes, then: %s", c->hc->name, sent,
-	       err ? strerror(err) : "no error");
+	return 0;
+}
+
+/* The peer keeps sending (up to 64 MiB) while the real QP exists: a send
+ * must fail or go through, never wait 2 s for room. */
+static void expect_sends_not_blocked(struct ctx *c)
+{
+	size_t sent;
+	int err = send_junk(c->fd, 64u << 20, 2000, &sent);
+
+	if (CHECK(err != EAGAIN, "%s: the peer's send blocked for 2 s after %zu bytes: "
+		  "the real QP neither reads nor resets the stream", c->hc->name, sent))
+		t_note("%s: the peer sent %zu more bytes, then: %s", c->hc->name, sent,
+		       err ? strerror(err) : "no error");
 }
 
 /* ------------------------------------------------------------------ */
@@ -1372,21 +1372,9 @@ static void hostile_case(void *arg)
 	}
 	case K_STALL_FLOOD_QP_ERR: {
 		/* Fill the stream until a send waits 300 ms for room. */
-		static uint8_t junk[65536];
-		size_t filled = 0;
-		bool full = false;
+		size_t filled;
+		bool full = send_junk(c.fd, 64u << 20, 300, &filled) == EAGAIN;
 
-		while (!full && filled < 64u << 20) {
-			ssize_t k = send(c.fd, junk, sizeof(junk), MSG_NOSIGNAL | MSG_DONTWAIT);
-			struct pollfd pf = {.fd = c.fd, .events = POLLOUT};
-
-			if (k > 0)
-				filled += (size_t)k;
-			else if (k < 0 && errno == EAGAIN)
-				full = poll(&pf, 1, 300) == 0;
-			else if (!(k < 0 && errno == EINTR))
-				break;
-		}
 		t_note("%s: the stream took %zu bytes and is %s", hc->name, filled,
 		       full ? "full" : "not full");
 		CHECK(full, "%s: the stream never filled: the real QP read past a Send "
