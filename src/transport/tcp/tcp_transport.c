@@ -647,17 +647,25 @@ static int tx_wait(struct tcp_conn *c)
 	return 0;
 }
 
-/* Write some of iov without waiting.  Returns the bytes written, or
- * -EAGAIN, or an error (the stream is dead). */
-static ssize_t tx_some(struct tcp_conn *c, struct iovec *iov, int n)
+/*
+ * Write some of iov without waiting.  Returns the bytes written, or
+ * -EAGAIN, or an error (the stream is dead).  With more, the same thread
+ * writes the rest of the message next: MSG_MORE keeps TCP from pushing
+ * the partly filled segment this write ends with (TCP_NODELAY would), so
+ * a long message goes out in full-sized segments.  The last write of a
+ * message is pushed.
+ */
+static ssize_t tx_some(struct tcp_conn *c, struct iovec *iov, int n,
+		       bool more)
 {
 	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
+	int flags = MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0);
 
 	if (atomic_load(&c->tx_broken))
 		return -EPIPE;
 	for (;;) {
 		/* No SIGPIPE for the application when the peer is gone. */
-		ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+		ssize_t k = sendmsg(c->fd, &mh, flags);
 
 		if (k >= 0)
 			return k;
@@ -724,7 +732,7 @@ static int rsp_step(struct tcp_conn *c)
 	if (c->res_len) {
 		struct iovec v = { c->res + c->res_off, c->res_len - c->res_off };
 
-		k = tx_some(c, &v, 1);
+		k = tx_some(c, &v, 1, false);
 		if (k < 0)
 			return (int)k;
 		c->res_off += k;
@@ -750,7 +758,7 @@ static int rsp_step(struct tcp_conn *c)
 		conn_set_dead(c, "a Read's source region went away");
 		return -EFAULT;
 	}
-	k = tx_some(c, iov, niov);
+	k = tx_some(c, iov, niov, false);
 	if (k < 0)
 		return (int)k;
 	/* Whole FPDUs written, then the one cut, if any, kept in res. */
@@ -848,13 +856,14 @@ static void tx_unlock(struct tcp_conn *c)
 	rsp_send(c);
 }
 
-/* Write all of iov, waiting for room.  Under tx_lock. */
-static int tx_all(struct tcp_conn *c, struct iovec *iov, int n)
+/* Write all of iov, waiting for room (more: see tx_some).  Under
+ * tx_lock. */
+static int tx_all(struct tcp_conn *c, struct iovec *iov, int n, bool more)
 {
 	bool partial = false;
 
 	while (n) {
-		ssize_t k = tx_some(c, iov, n);
+		ssize_t k = tx_some(c, iov, n, more);
 
 		if (k == -EAGAIN) {
 			int r = tx_wait(c);
@@ -930,7 +939,7 @@ static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		niov = rsp_take(c, pseg, iov);
 	if (atomic_load(&c->rsp_n) && niov < 2 * RSP_TAKE) {
 		/* A Read Response or a cut FPDU is next: send it all first. */
-		ret = tx_all(c, iov, niov);
+		ret = tx_all(c, iov, niov, false);
 		if (!ret)
 			ret = rsp_pump(c, true);
 		niov = 0;
@@ -948,7 +957,7 @@ static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 						      c->tx_tail.tlen };
 			c->tx_tail.hlen = 0;
 		}
-		ret = tx_all(c, iov, niov);
+		ret = tx_all(c, iov, niov, !end);
 		niov = 0;
 	}
 	return ret;
