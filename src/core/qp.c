@@ -457,7 +457,12 @@ static void sq_run(struct urdma_qp *qp)
 					  qp->ibqp.qp_num,
 					  (unsigned long long)wqe->wr_id,
 					  ibv_wc_status_str(d - 1));
-				if (qp->ibqp.state != IBV_QPS_ERR)
+				/* A flush that a transport's error request
+				 * brought: the request puts the QP in ERR,
+				 * with its event (urdma_qp_set_error). */
+				if (qp->ibqp.state != IBV_QPS_ERR &&
+				    (d - 1 != IBV_WC_WR_FLUSH_ERR ||
+				     !atomic_load(&qp->shm->error_req)))
 					qp_enter_error(qp);
 			}
 		}
@@ -551,6 +556,8 @@ void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event)
 	bool changed;
 
 	pthread_mutex_lock(&qp->sq_lock);
+	/* Under sq_lock, as sq_run looks at it. */
+	atomic_store(&qp->shm->error_req, 0);
 	changed = qp->ibqp.state != IBV_QPS_ERR &&
 		  qp->ibqp.state != IBV_QPS_RESET;
 	if (changed) {
@@ -586,7 +593,7 @@ bool urdma_qp_maintain(struct urdma_qp *qp)
 	const struct urdma_transport_ops *tr;
 	bool again = false;
 
-	if (atomic_load(&s->error_req) && atomic_exchange(&s->error_req, 0)) {
+	if (atomic_load(&s->error_req)) {
 		urdma_qp_set_error(qp, false);
 	} else if (qp->peer && urdma_peer_dead(qp->peer) &&
 		   !atomic_load(&qp->peer_dead)) {

@@ -260,6 +260,7 @@ enum kind {
 	K_TERM_THEN_FLOOD,
 	K_BAD_THEN_FLOOD,
 	K_STALL_FLOOD_QP_ERR,
+	K_BAD_WHILE_SENDING,
 	/* hostile MPA on the real QP's listener, then a proper connection */
 	K_MPA_GARBAGE,
 	K_MPA_HUGE_PD,
@@ -389,6 +390,11 @@ static const struct hcase cases[] = {
 	 * ERR: the blocked peer's sends must fail, not wait for the QP's
 	 * destruction */
 	{"send_unreceived_flood_then_qp_error", K_STALL_FLOOD_QP_ERR, NO_TERM, false, false},
+	/* a Write with an unknown STag while the real QP is inside a long
+	 * Write of its own that the peer does not read yet: when the peer
+	 * reads, whole Write FPDUs, then the TERMINATE, then the end */
+	{"write_unknown_stag_while_sending", K_BAD_WHILE_SENDING,
+	 TERM(TERM_LAYER_DDP, TERM_DDP_ET_TAGGED, TERM_DDP_EC_T_INV_STAG), true, false},
 	/* Hostile connections to the real QP's listener before the good one:
 	 * each is closed (or rejected), the good one then works. */
 	{"mpa_garbage_request", K_MPA_GARBAGE, NO_TERM, false, true},
@@ -416,6 +422,7 @@ struct ctx {
 	int own_fd; /* the socket that holds port P */
 	int fd;	    /* the connection */
 	int extra_fd; /* a hostile connection kept open */
+	uint8_t *big;  /* the source of a long Write (K_BAD_WHILE_SENDING) */
 	bool crc;
 	uint32_t msn[DDP_NUM_QN]; /* next MSN we send on each queue */
 };
@@ -686,6 +693,7 @@ static void teardown(struct ctx *c)
 		close(c->extra_fd);
 	t_res_close(&c->r);
 	free(c->mem);
+	free(c->big);
 	free(c->shadow);
 	free(c->ro);
 }
@@ -806,6 +814,20 @@ static void expect_reply(struct ctx *c, struct in *in, const uint8_t *sent,
 			break;
 	}
 	CHECK(got_term || hc->layer < 0, "%s: no TERMINATE came back", hc->name);
+}
+
+/* The real QP's send WR wr_id (what) completes with status st. */
+static void expect_wr_status(struct ctx *c, uint64_t wr_id, enum ibv_wc_status st,
+			     const char *what)
+{
+	struct ibv_wc wc;
+
+	if (t_poll_one(c->r.send_cq, &wc, WAIT_MS, what)) {
+		t_note("%s: %s completed %s", c->hc->name, what, t_wc_status_str(wc.status));
+		CHECK(wc.wr_id == wr_id && wc.status == st, "%s: %s completed %s (wr %llu)",
+		      c->hc->name, what, t_wc_status_str(wc.status),
+		      (unsigned long long)wc.wr_id);
+	}
 }
 
 /* The QP reaches ERR; with need_event, an async event says so (a QP that
@@ -952,6 +974,69 @@ struct destroyer {
 	atomic_bool done;
 };
 
+/* A long signaled Write by the real QP, posted from its own thread (the
+ * post waits for room in the stream). */
+#define BIG_LEN (32u << 20)
+#define BIG_STAG 0x99u
+#define BIG_TO 0x10000u
+
+struct big_post {
+	struct ibv_qp *qp;
+	uint8_t *buf;
+	uint32_t lkey;
+	int ret;
+	atomic_bool done;
+};
+
+static void *big_post_thread(void *arg)
+{
+	struct big_post *b = arg;
+
+	b->ret = t_post_send(b->qp, 11, IBV_WR_RDMA_WRITE, b->buf, BIG_LEN, b->lkey,
+			     IBV_SEND_SIGNALED, BIG_TO, BIG_STAG);
+	atomic_store(&b->done, true);
+	return NULL;
+}
+
+/* Read what the real QP sent while we did not read: Write FPDUs of the
+ * long Write, in order, each whole (CRC checked), then the TERMINATE,
+ * then the end of the stream, not inside an FPDU. */
+static void expect_writes_then_terminate(struct ctx *c, struct in *in, const uint8_t *sent,
+					 uint32_t sent_len)
+{
+	static uint8_t f[70000];
+	uint32_t flen, writes = 0;
+	uint64_t to = BIG_TO;
+	bool got_term = false;
+	int r;
+
+	while ((r = next_fpdu(c->fd, in, c->crc, f, &flen, WAIT_MS)) == GOT_FPDU) {
+		unsigned op = f[3] & RDMAP_OPCODE_MASK;
+
+		if (op == RDMAP_TERMINATE && !got_term) {
+			check_terminate(c, f, flen, sent, sent_len);
+			got_term = true;
+		} else if (op == RDMAP_WRITE && !got_term && iwarp_get32(f + 4) == BIG_STAG &&
+			   iwarp_get64(f + 8) == to) {
+			to += ((uint32_t)f[0] << 8 | f[1]) - sizeof(struct ddp_tagged_hdr);
+			writes++;
+		} else {
+			CHECK(false, "%s: after %u Write FPDUs%s: opcode %u, %u bytes",
+			      c->hc->name, writes, got_term ? " and the TERMINATE" : "", op,
+			      flen);
+			return;
+		}
+	}
+	t_note("%s: %u Write FPDUs (%llu of %u bytes), then %s", c->hc->name, writes,
+	       (unsigned long long)(to - BIG_TO), BIG_LEN,
+	       got_term ? "the TERMINATE" : "no TERMINATE");
+	CHECK(r == GOT_EOF, "%s: the stream did not end (%d)", c->hc->name, r);
+	CHECK(in->len == 0, "%s: the stream ended %zu bytes into an FPDU", c->hc->name,
+	      in->len);
+	CHECK(got_term, "%s: no TERMINATE after the Write FPDUs", c->hc->name);
+	CHECK(to - BIG_TO < BIG_LEN, "%s: the whole Write went out", c->hc->name);
+}
+
 static void *destroy_thread(void *arg)
 {
 	struct destroyer *d = arg;
@@ -1026,6 +1111,7 @@ static void hostile_case(void *arg)
 	case K_WRITE_BAD_STAG:
 	case K_TERM_THEN_FLOOD:
 	case K_BAD_THEN_FLOOD:
+	case K_BAD_WHILE_SENDING:
 		n = iwf_tagged(h, RDMAP_WRITE, true, c.mr->rkey ^ 0x00abcd00u, base);
 		fpdu(&o, c.crc, h, n, pl, 64);
 		break;
@@ -1217,6 +1303,21 @@ static void hostile_case(void *arg)
 		CHECK((f[3] & RDMAP_OPCODE_MASK) == RDMAP_READ_REQ, "opcode %u",
 		      f[3] & RDMAP_OPCODE_MASK);
 	}
+	struct big_post big = {.qp = c.r.qp};
+	pthread_t big_th;
+	if (hc->kind == K_BAD_WHILE_SENDING) {
+		/* The real QP's Write fills the stream (we do not read) and its
+		 * sender waits for room, inside an FPDU. */
+		c.big = t_alloc(BIG_LEN);
+		t_pattern_fill(c.big, BIG_LEN, 3);
+		big.buf = c.big;
+		big.lkey = t_reg(&c.r, c.big, BIG_LEN, IBV_ACCESS_LOCAL_WRITE)->lkey;
+		REQUIRE(pthread_create(&big_th, NULL, big_post_thread, &big) == 0,
+			"pthread_create");
+		t_sleep_ms(300);
+		CHECK(!atomic_load(&big.done), "%s: a %u-byte Write went into a stream "
+		      "nobody reads", hc->name, BIG_LEN);
+	}
 	REQUIRE(send_all(c.fd, o.b, o.len), "%s: sending the stream: %s", hc->name,
 		strerror(errno));
 	if (hc->kind == K_TRUNCATED_CLOSE || hc->kind == K_TRUNCATED_HDR_CLOSE) {
@@ -1370,6 +1471,17 @@ static void hostile_case(void *arg)
 		      (unsigned long long)(d.end_ms - t0));
 		break;
 	}
+	case K_BAD_WHILE_SENDING:
+		/* The real QP finds the bad Write while its sender waits for
+		 * room; we read only later. */
+		t_sleep_ms(200);
+		expect_writes_then_terminate(&c, &in, o.b, o.len);
+		pthread_join(big_th, NULL);
+		CHECK(big.ret == 0, "%s: post_send: %d", hc->name, big.ret);
+		expect_wr_status(&c, 11, IBV_WC_WR_FLUSH_ERR, "the cut Write");
+		expect_qp_err(&c, true);
+		expect_memory(&c);
+		break;
 	case K_STALL_FLOOD_QP_ERR: {
 		/* Fill the stream until a send waits 300 ms for room. */
 		size_t filled;
@@ -1387,11 +1499,7 @@ static void hostile_case(void *arg)
 	case K_TRUNCATED_CLOSE:
 		/* The unconfirmed Write fails with RETRY_EXC_ERR, the QP enters
 		 * ERR. */
-		if (t_poll_one(c.r.send_cq, &wc, WAIT_MS, "the unconfirmed Write")) {
-			t_note("%s: the Write completed %s", hc->name, t_wc_status_str(wc.status));
-			CHECK(wc.wr_id == 9 && wc.status == IBV_WC_RETRY_EXC_ERR,
-			      "%s: the Write completed %s", hc->name, t_wc_status_str(wc.status));
-		}
+		expect_wr_status(&c, 9, IBV_WC_RETRY_EXC_ERR, "the unconfirmed Write");
 		expect_qp_err(&c, false);
 		expect_memory(&c);
 		break;

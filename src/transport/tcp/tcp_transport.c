@@ -180,6 +180,12 @@ struct tcp_conn {
 	pthread_mutex_t watch_lock;
 	/* A write gave up inside an FPDU: the stream takes nothing more. */
 	_Atomic bool tx_broken;
+	/* The stream's end once given up (conn_shut): the Terminate the
+	 * receive path framed (term_left bytes of term_len still to go),
+	 * then the FIN; whoever has tx_lock sends them (tx_fin). */
+	uint8_t term[sizeof(((struct tx_seg *)0)->hdr) + 8];
+	uint32_t term_len, term_left, term_ctrl;
+	_Atomic bool fin_want;
 	unsigned timeout_ms; /* TCP_USER_TIMEOUT set, + 1 (0: never set) */
 	/* outstanding Reads and atomics, unconfirmed messages: ord_lock */
 	struct tcp_ord ord[URDMA_MAX_RD_ATOM];
@@ -231,6 +237,7 @@ static void conn_cb(struct urdma_watcher *w, uint32_t events);
 static void conn_release(struct urdma_watcher *w);
 static void rx_locked(struct tcp_conn *c, uint64_t hold_ns);
 static void conn_park(struct tcp_conn *c, bool park);
+static void tx_fin(struct tcp_conn *c);
 
 /*
  * How long answers to flushes wait for a message of ours to ride with.
@@ -622,9 +629,9 @@ static bool conn_giving_up(struct tcp_conn *c)
  * may be waiting for us to read (both sides sending at once): a thread that
  * waits for room receives meanwhile (and ends a send-time park), unless
  * another thread is at it.  The receive path it runs never waits for
- * tx_lock (responses are queued, a Terminate only try-locks, a WR it makes
- * runnable is not sent from there: rx_owner), so holding it here is safe.
- * Under tx_lock.
+ * tx_lock (responses are queued, a Terminate goes when tx_lock is let go:
+ * tx_fin, a WR it makes runnable is not sent from there: rx_owner), so
+ * holding it here is safe.  Under tx_lock.
  */
 static int tx_wait(struct tcp_conn *c)
 {
@@ -830,17 +837,18 @@ static void conn_watch(struct tcp_conn *c)
  * thread sends when there is room.  Never waits. */
 static void rsp_send(struct tcp_conn *c)
 {
-	if (atomic_load(&c->dead))
-		return; /* the stream is gone: so are the answers */
-	while (atomic_load(&c->rsp_n) && !pthread_mutex_trylock(&c->tx_lock)) {
+	/* A dead stream's answers are dropped. */
+	while (!atomic_load(&c->dead) && atomic_load(&c->rsp_n) &&
+	       !pthread_mutex_trylock(&c->tx_lock)) {
 		int r = rsp_pump(c, false);
 
 		pthread_mutex_unlock(&c->tx_lock);
 		if (r == -EAGAIN && !atomic_exchange(&c->want_out, true))
 			conn_watch(c);
 		if (r)
-			return;
+			break;
 	}
+	tx_fin(c); /* a stream given up while we held tx_lock */
 }
 
 /* The queued responses, if the oldest is due (rsp_push). */
@@ -854,6 +862,48 @@ static void tx_unlock(struct tcp_conn *c)
 {
 	pthread_mutex_unlock(&c->tx_lock);
 	rsp_send(c);
+}
+
+/* Past k bytes written of the n iovecs at *iov. */
+static void iov_skip(struct iovec **iov, int *n, size_t k)
+{
+	while (*n && k >= (*iov)->iov_len) {
+		k -= (*iov)->iov_len;
+		(*iov)++;
+		(*n)--;
+	}
+	if (*n) {
+		(*iov)->iov_base = (uint8_t *)(*iov)->iov_base + k;
+		(*iov)->iov_len -= k;
+	}
+}
+
+/* The rest of a write that a sender gives up on, for the stream to end
+ * on an FPDU's end (a Terminate follows): waiting for room, but not for
+ * longer than TX_DRAIN_MS.  0 when all of it went.  Under tx_lock. */
+#define TX_DRAIN_MS 1000
+
+static int tx_drain(struct tcp_conn *c, struct iovec *iov, int n)
+{
+	uint64_t end = urdma_now_ns() + TX_DRAIN_MS * 1000000ull;
+
+	while (n) {
+		ssize_t k = tx_some(c, iov, n, false);
+		uint64_t now = urdma_now_ns();
+
+		if (k == -EAGAIN) {
+			struct pollfd p = { .fd = c->fd, .events = POLLOUT };
+
+			if (now >= end)
+				return -ETIMEDOUT;
+			poll(&p, 1, (int)((end - now) / 1000000 + 1));
+			continue;
+		}
+		if (k < 0)
+			return (int)k;
+		iov_skip(&iov, &n, (size_t)k);
+	}
+	return 0;
 }
 
 /* Write all of iov, waiting for room (more: see tx_some).  Under
@@ -870,8 +920,10 @@ static int tx_all(struct tcp_conn *c, struct iovec *iov, int n, bool more)
 
 			if (r) {
 				/* Part of an FPDU may be out: nothing may
-				 * follow it on this stream. */
-				if (partial)
+				 * follow it on this stream, unless the rest
+				 * goes now, for its end (tx_fin) to follow. */
+				if (partial && (!atomic_load(&c->fin_want) ||
+						tx_drain(c, iov, n)))
 					atomic_store(&c->tx_broken, true);
 				return r;
 			}
@@ -880,15 +932,7 @@ static int tx_all(struct tcp_conn *c, struct iovec *iov, int n, bool more)
 		if (k < 0)
 			return (int)k;
 		partial = true;
-		while (n && (size_t)k >= iov->iov_len) {
-			k -= iov->iov_len;
-			iov++;
-			n--;
-		}
-		if (n) {
-			iov->iov_base = (uint8_t *)iov->iov_base + k;
-			iov->iov_len -= k;
-		}
+		iov_skip(&iov, &n, (size_t)k);
 	}
 	return 0;
 }
@@ -945,8 +989,13 @@ static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		niov = 0;
 	}
 	while (!ret && !end) {
-		int n = frame(c, hdr, hlen, sp, nsp, len, &off, &end, seg,
-			      TX_IOV / 4, iov, &niov, fiov);
+		int n;
+
+		/* A stream given up meanwhile ends here, on an FPDU's end. */
+		if (off && conn_giving_up(c))
+			return -EPIPE;
+		n = frame(c, hdr, hlen, sp, nsp, len, &off, &end, seg,
+			  TX_IOV / 4, iov, &niov, fiov);
 
 		if (n < 0)
 			return n;
@@ -1002,15 +1051,18 @@ static int tx_ctrl(struct tcp_conn *c, unsigned op, uint32_t qn,
 	return tx_msg(c, h, n + blen, NULL, 0, 0);
 }
 
-/* A Terminate for the segment whose DDP header is at hdr, in the receive
- * buffer right after its ULPDU length: with D, that header (hdr_len bytes,
- * and the Read Request body after it when R is set too) and, with M, the
- * segment's length. */
-static void send_terminate(struct tcp_conn *c, uint32_t ctrl,
-			   const uint8_t *hdr, uint32_t hdr_len)
+/* Frame the Terminate for the segment whose DDP header is at hdr, in the
+ * receive buffer right after its ULPDU length: with D, that header
+ * (hdr_len bytes, and the Read Request body after it when R is set too)
+ * and, with M, the segment's length.  It goes before the FIN (tx_fin).
+ * Under rx_lock, before conn_shut. */
+static void term_frame(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
+		       uint32_t hdr_len)
 {
 	struct rdmap_terminate t = { .ctrl = htonl(ctrl) };
-	uint32_t blen = 4;
+	uint8_t h[sizeof(struct ddp_untagged_hdr) + sizeof(t)];
+	uint32_t blen = 4, n;
+	struct tx_seg s;
 
 	if (hdr_len && (ctrl >> 13 & TERM_HDRCT_D)) {
 		if (ctrl >> 13 & TERM_HDRCT_R)
@@ -1020,19 +1072,71 @@ static void send_terminate(struct tcp_conn *c, uint32_t ctrl,
 		memcpy(t.hdr, hdr, hdr_len);
 		blen = 4 + 2 + hdr_len;
 	}
-	/* The receive path never waits for tx_lock: a sender in the middle
-	 * of a message (it gives up, the stream being dead) gets no
-	 * Terminate after it; nor does a socket that is full. */
-	if (pthread_mutex_trylock(&c->tx_lock)) {
-		urdma_info("tcp: qp %#x: TERMINATE not sent: a message is being "
-			   "sent", c->local_qpn);
-		return;
+	n = put_untagged(h, RDMAP_TERMINATE, DDP_QN_TERM,
+			 c->tx_msn[DDP_QN_TERM]++);
+	memcpy(h + n, &t, blen);
+	seg_close(c, &s, seg_open(c, &s, h, n + blen, 0, 0, true));
+	memcpy(c->term, s.hdr, s.hlen);
+	memcpy(c->term + s.hlen, s.trailer, s.tlen);
+	c->term_len = c->term_left = s.hlen + s.tlen;
+	c->term_ctrl = ctrl;
+}
+
+/*
+ * The end of a stream we gave up on (conn_shut): the rest of a Read
+ * Response FPDU that a write cut, the Terminate (term_frame), then the
+ * FIN.  Nothing but the FIN follows an FPDU that a sender cut
+ * (tx_broken).  Never waits: returns true when the socket has no room
+ * now (the progress thread goes on when it has: conn_cb).  Under tx_lock.
+ */
+static bool tx_fin_locked(struct tcp_conn *c)
+{
+	while (!atomic_load(&c->tx_broken) && (c->res_len || c->term_left)) {
+		struct iovec v = c->res_len ?
+			(struct iovec){ c->res + c->res_off, c->res_len - c->res_off } :
+			(struct iovec){ c->term + c->term_len - c->term_left,
+					c->term_left };
+		ssize_t k = tx_some(c, &v, 1, false);
+
+		if (k == -EAGAIN)
+			return true;
+		if (k < 0)
+			break;
+		if (c->res_len) {
+			c->res_off += k;
+			if (c->res_off == c->res_len) {
+				c->res_len = c->res_off = 0;
+				atomic_fetch_sub(&c->rsp_n, 1);
+			}
+		} else if (!(c->term_left -= k)) {
+			urdma_info("tcp: qp %#x: sent TERMINATE (layer %u type %u "
+				   "code %#x)", c->local_qpn,
+				   TERM_LAYER(c->term_ctrl),
+				   TERM_ETYPE(c->term_ctrl),
+				   TERM_ECODE(c->term_ctrl));
+		}
 	}
-	if (!tx_ctrl(c, RDMAP_TERMINATE, DDP_QN_TERM, &t, blen))
-		urdma_info("tcp: qp %#x: sent TERMINATE (layer %u type %u "
-			   "code %#x)", c->local_qpn, TERM_LAYER(ctrl),
-			   TERM_ETYPE(ctrl), TERM_ECODE(ctrl));
+	if (c->term_left)
+		urdma_info("tcp: qp %#x: TERMINATE not sent: the stream was cut "
+			   "inside an FPDU", c->local_qpn);
+	shutdown(c->fd, SHUT_WR);
+	atomic_store(&c->fin_want, false);
+	return false;
+}
+
+/* End a given-up stream (tx_fin_locked) if tx_lock is free; its holder
+ * does it otherwise, when it lets go (tx_unlock, rsp_send).  Never
+ * waits. */
+static void tx_fin(struct tcp_conn *c)
+{
+	bool full;
+
+	if (!atomic_load(&c->fin_want) || pthread_mutex_trylock(&c->tx_lock))
+		return;
+	full = atomic_load(&c->fin_want) && tx_fin_locked(c);
 	pthread_mutex_unlock(&c->tx_lock);
+	if (full && !atomic_exchange(&c->want_out, true))
+		conn_watch(c);
 }
 
 /* ---- the QP side of an error ---- */
@@ -1162,16 +1266,18 @@ static void rx_discard(struct tcp_conn *c)
 
 /*
  * End a stream we give up on: a FIN after what we queued (a Terminate, the
- * answers the peer earned), and from now on whatever arrives is dropped
- * (rx_pass), the stream unparked so that the progress thread sees it.  A
- * peer that keeps sending is not left waiting for room until our QP is
- * destroyed, and it still reads our Terminate before the end of the
- * stream (a reset could overtake it).  Under rx_lock.
+ * answers the peer earned), once no FPDU is half sent (tx_fin: a sender in
+ * the middle of one finishes it first, tx_all), and from now on whatever
+ * arrives is dropped (rx_pass), the stream unparked so that the progress
+ * thread sees it.  A peer that keeps sending is not left waiting for room
+ * until our QP is destroyed, and it still reads our Terminate before the
+ * end of the stream (a reset could overtake it).  Under rx_lock.
  */
 static void conn_shut(struct tcp_conn *c)
 {
-	shutdown(c->fd, SHUT_WR);
 	c->shut = true;
+	atomic_store(&c->fin_want, true);
+	tx_fin(c);
 	conn_park(c, false);
 	rx_discard(c);
 }
@@ -1180,14 +1286,15 @@ static void conn_shut(struct tcp_conn *c)
 static void rx_fail(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
 		    uint32_t hdr_len)
 {
-	/* Dead first: a sender waiting for room gives up, and the Terminate
-	 * waits for nobody (send_terminate). */
+	/* The QP's error first: the WRs flushed below do not put it in ERR
+	 * without its event (sq_run).  Then dead: a sender gives up (at the
+	 * end of its FPDU), and the Terminate goes after it (conn_shut). */
+	qp_error_async(c);
 	c->dead_handled = true;
 	conn_set_dead(c, "protocol error in received data");
-	send_terminate(c, ctrl, hdr, hdr_len);
+	term_frame(c, ctrl, hdr, hdr_len);
 	conn_shut(c);
 	unc_settle(c, c->unc_head, IBV_WC_WR_FLUSH_ERR);
-	qp_error_async(c);
 }
 
 /* ---- receiving ---- */
@@ -2135,7 +2242,9 @@ static void conn_cb(struct urdma_watcher *w, uint32_t events)
 	rx_locked(c, progress_hold_ns(c));
 	pthread_mutex_unlock(&c->rx_lock);
 	rsp_send_due(c);
-	if (!atomic_load(&c->rsp_n) && atomic_exchange(&c->want_out, false)) {
+	tx_fin(c); /* an end that waited for room */
+	if (!atomic_load(&c->rsp_n) && !atomic_load(&c->fin_want) &&
+	    atomic_exchange(&c->want_out, false)) {
 		conn_watch(c);
 		rsp_send_due(c); /* queued meanwhile */
 	}
