@@ -1286,13 +1286,15 @@ static void conn_shut(struct tcp_conn *c)
 static void rx_fail(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
 		    uint32_t hdr_len)
 {
-	/* The QP's error first: the WRs flushed below do not put it in ERR
-	 * without its event (sq_run).  Then dead: a sender gives up (at the
-	 * end of its FPDU), and the Terminate goes after it (conn_shut). */
+	/* The Terminate and the stream's end first: a sender that gives up
+	 * from now on (dead, or the QP in error) ends its FPDU for them
+	 * (tx_all).  Then the QP's error: the WRs flushed below do not put
+	 * it in ERR without its event (sq_run).  Then dead. */
+	term_frame(c, ctrl, hdr, hdr_len);
+	atomic_store(&c->fin_want, true);
 	qp_error_async(c);
 	c->dead_handled = true;
 	conn_set_dead(c, "protocol error in received data");
-	term_frame(c, ctrl, hdr, hdr_len);
 	conn_shut(c);
 	unc_settle(c, c->unc_head, IBV_WC_WR_FLUSH_ERR);
 }
