@@ -64,14 +64,22 @@ static int check_access(unsigned int access)
 	return 0;
 }
 
+uint32_t urdma_mr_key(uint32_t idx, uint32_t rnd)
+{
+	uint32_t tag = rnd << URDMA_MR_IDX_BITS;
+
+	return tag ? tag | idx : 0;
+}
+
 static uint32_t new_key(uint32_t idx)
 {
-	uint32_t tag = 0;
+	uint32_t rnd, key;
 
-	while (!tag)
-		if (getrandom(&tag, sizeof(tag), 0) != sizeof(tag))
-			tag = (uint32_t)urdma_now_ns() * 2654435761u;
-	return (tag << URDMA_MR_IDX_BITS) | idx;
+	do {
+		if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
+			rnd = (uint32_t)urdma_now_ns() * 2654435761u;
+	} while (!(key = urdma_mr_key(idx, rnd)));
+	return key;
 }
 
 /* Fills the shared entry; the key is published last. */

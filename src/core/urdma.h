@@ -234,13 +234,16 @@ struct urdma_peer *urdma_peer_get(uint32_t ctx_id, int32_t pid);
 void urdma_peer_put(struct urdma_peer *p);
 bool urdma_peer_dead(struct urdma_peer *p);
 int urdma_peer_pidfd(struct urdma_peer *p);
-/* Translate (key, addr, len) of a peer's MR; NULL with *status set. */
 /* Check (key, addr, len) against an MR table: 0 and the owner address of
  * addr, or -EINVAL (no such key), -EACCES (access, PD), -ERANGE (bounds),
  * -EFAULT (pages unmapped by the owner). */
 int urdma_mr_lookup(const struct urdma_shm_ctx *shm, uint32_t key,
 		    uint64_t addr, uint64_t len, uint32_t access, uint32_t pd_id,
 		    uint64_t *va);
+/* The key of MR table entry idx with the random bits rnd: the entry's tag
+ * above its index, or 0 when rnd leaves no tag (draw again).  A key is
+ * never 0, which names no MR (a tag of 0 would make entry 0's key 0). */
+uint32_t urdma_mr_key(uint32_t idx, uint32_t rnd);
 const struct urdma_shm_ctx *urdma_peer_shm(struct urdma_peer *p);
 void *urdma_peer_ptr(struct urdma_peer *p, uint64_t va, uint64_t *avail);
 int urdma_peer_wake(struct urdma_peer *p);

@@ -62,6 +62,13 @@ static void test_mr_lookup(void)
 	/* pages the owner unmapped */
 	atomic_store(&e->flags, URDMA_MR_F_UNMAPPED);
 	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 7, &va) == -EFAULT);
+	/* keys: the tag above the index; random bits that leave no tag
+	 * (the low 32 - URDMA_MR_IDX_BITS bits zero) give none, so entry 0
+	 * never gets key 0, which no lookup accepts */
+	CHECK(urdma_mr_key(5, 0x1234) == key);
+	CHECK(urdma_mr_key(0, 1u << (32 - URDMA_MR_IDX_BITS)) == 0);
+	CHECK(urdma_mr_key(7, 0xffffffffu << (32 - URDMA_MR_IDX_BITS)) == 0);
+	CHECK(urdma_mr_key(0, 0x12345) != 0 && URDMA_MR_IDX(urdma_mr_key(0, 0x12345)) == 0);
 	free(shm);
 }
 
