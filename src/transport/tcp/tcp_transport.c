@@ -722,6 +722,23 @@ static int rsp_push(struct tcp_conn *c, const struct tcp_rsp *r,
 	return 0;
 }
 
+/* Send what the socket takes now of the cut FPDU's end (res).  Returns 0
+ * (progress), -EAGAIN or an error.  Under tx_lock. */
+static int res_send(struct tcp_conn *c)
+{
+	struct iovec v = { c->res + c->res_off, c->res_len - c->res_off };
+	ssize_t k = tx_some(c, &v, 1, false);
+
+	if (k < 0)
+		return (int)k;
+	c->res_off += k;
+	if (c->res_off == c->res_len) {
+		c->res_len = c->res_off = 0;
+		atomic_fetch_sub(&c->rsp_n, 1);
+	}
+	return 0;
+}
+
 /* Send the cut FPDU's end, then the next FPDUs of the oldest response,
  * as much as the socket takes now; an FPDU it cuts is kept whole in res.
  * Returns 0 (progress), -EAGAIN or an error.  Under tx_lock. */
@@ -736,19 +753,8 @@ static int rsp_step(struct tcp_conn *c)
 	ssize_t k;
 	bool end;
 
-	if (c->res_len) {
-		struct iovec v = { c->res + c->res_off, c->res_len - c->res_off };
-
-		k = tx_some(c, &v, 1, false);
-		if (k < 0)
-			return (int)k;
-		c->res_off += k;
-		if (c->res_off == c->res_len) {
-			c->res_len = c->res_off = 0;
-			atomic_fetch_sub(&c->rsp_n, 1);
-		}
-		return 0;
-	}
+	if (c->res_len)
+		return res_send(c);
 	pthread_mutex_lock(&c->rsp_lock);
 	if (c->rsp_head == c->rsp_tail) {
 		pthread_mutex_unlock(&c->rsp_lock);
@@ -1091,34 +1097,31 @@ static void term_frame(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
  */
 static bool tx_fin_locked(struct tcp_conn *c)
 {
-	while (!atomic_load(&c->tx_broken) && (c->res_len || c->term_left)) {
-		struct iovec v = c->res_len ?
-			(struct iovec){ c->res + c->res_off, c->res_len - c->res_off } :
-			(struct iovec){ c->term + c->term_len - c->term_left,
-					c->term_left };
+	int r = 0;
+
+	while (!r && c->res_len)
+		r = res_send(c);
+	while (!r && c->term_left) {
+		struct iovec v = { c->term + c->term_len - c->term_left,
+				   c->term_left };
 		ssize_t k = tx_some(c, &v, 1, false);
 
-		if (k == -EAGAIN)
-			return true;
 		if (k < 0)
-			break;
-		if (c->res_len) {
-			c->res_off += k;
-			if (c->res_off == c->res_len) {
-				c->res_len = c->res_off = 0;
-				atomic_fetch_sub(&c->rsp_n, 1);
-			}
-		} else if (!(c->term_left -= k)) {
+			r = (int)k;
+		else if (!(c->term_left -= k))
 			urdma_info("tcp: qp %#x: sent TERMINATE (layer %u type %u "
 				   "code %#x)", c->local_qpn,
 				   TERM_LAYER(c->term_ctrl),
 				   TERM_ETYPE(c->term_ctrl),
 				   TERM_ECODE(c->term_ctrl));
-		}
 	}
+	if (r == -EAGAIN)
+		return true;
 	if (c->term_left)
-		urdma_info("tcp: qp %#x: TERMINATE not sent: the stream was cut "
-			   "inside an FPDU", c->local_qpn);
+		urdma_info("tcp: qp %#x: TERMINATE not sent: %s", c->local_qpn,
+			   atomic_load(&c->tx_broken) ?
+				   "the stream was cut inside an FPDU" :
+				   strerror(-r));
 	shutdown(c->fd, SHUT_WR);
 	atomic_store(&c->fin_want, false);
 	return false;
