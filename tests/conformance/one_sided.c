@@ -409,8 +409,9 @@ static void look_child(struct t_peer *p, void *arg)
 		arg == (void *)LOOK_PLACED ?
 			"flag WRITE seen by a target that polled until the data WRITE came, "
 			"then spun" :
-		arg ? "WRITE seen by a target that received a Send, then spun" :
-		      "WRITE seen by a target that polled, then spun";
+		arg == (void *)LOOK_RECEIVED ?
+			"WRITE seen by a target that received a Send, then spun" :
+			"WRITE seen by a target that polled, then spun";
 	if (n == LOOK_ROUNDS && arg == (void *)LOOK_PLACED)
 		check_slow(delay, n, LOOK_PLACED_SLOW_US, LOOK_PLACED_SLOW_MAX, what);
 	if (n == LOOK_ROUNDS)
