@@ -255,6 +255,12 @@ static void spin_child(struct t_peer *p, void *arg)
  * transport finds the target spinning (first round; after it the stream
  * goes back at once, as below).
  *
+ * Or the target pauses after that Send, calling nothing, with nothing
+ * coming, and spins only then (LOOK_PAUSED): the transport gives the
+ * stream back meanwhile, but must not take the pause for spinning (it
+ * would unpark after every receiving poll from then on, two system calls
+ * per round trip); tests/net/conformance.sh checks its debug log for that.
+ *
  * Or the poll loop ends by receiving a Write (the data) and the target
  * spins for a second Write (the flag) that the initiator posts only then
  * (LOOK_PLACED).  Over TCP such a poll keeps the stream parked for the
@@ -274,7 +280,8 @@ static void spin_child(struct t_peer *p, void *arg)
 #define LOOK_BOUND_US 10000
 #define LOOK_PLACED_SLOW_US 500
 #define LOOK_PLACED_SLOW_MAX 20
-enum { LOOK_POLLED, LOOK_RECEIVED, LOOK_PLACED };
+#define LOOK_PAUSE_MS 30
+enum { LOOK_POLLED, LOOK_RECEIVED, LOOK_PAUSED, LOOK_PLACED };
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -321,14 +328,16 @@ static void look_parent(struct t_peer *p, void *arg)
 					  in.remote.rkey);
 			REQUIRE(ret == 0, "post RDMA_WRITE (data): %d", ret);
 			(void)t_recv_u64(p, T_WAIT_MS);
-		} else if (arg == (void *)LOOK_RECEIVED) {
+		} else if (arg != (void *)LOOK_POLLED) {
 			/* A Send for the target's poll loop, the Write behind it */
 			memcpy(in.buf + 8, &i, sizeof(i));
 			ret = t_post_send(in.r.qp, 100 + i, IBV_WR_SEND, in.buf + 8, sizeof(i),
 					  in.mr->lkey, 0, 0, 0);
 			REQUIRE(ret == 0, "post SEND: %d", ret);
 		}
-		if (arg != (void *)LOOK_PLACED)
+		if (arg == (void *)LOOK_PAUSED)
+			(void)t_recv_u64(p, T_WAIT_MS); /* paused, spins now */
+		else if (arg != (void *)LOOK_PLACED)
 			t_sleep_ms(1);
 		memcpy(in.buf, &i, sizeof(i));
 		uint64_t posted = t_now_us();
@@ -375,8 +384,9 @@ static void look_child(struct t_peer *p, void *arg)
 				   (unsigned long long)i, got))
 				break;
 			t_send_u64(p, i); /* spinning for the flag */
-		} else if (arg == (void *)LOOK_RECEIVED) {
-			/* A poll loop that receives a Send, then off to spin. */
+		} else if (arg != (void *)LOOK_POLLED) {
+			/* A poll loop that receives a Send, then off to spin
+			 * (after a pause in which nothing comes: LOOK_PAUSED). */
 			REQUIRE(t_post_recv(t.r.qp, 100 + i, t.region + 32, 8, t.mr->lkey) == 0,
 				"post_recv");
 			t_send_u64(p, i);
@@ -388,6 +398,10 @@ static void look_child(struct t_peer *p, void *arg)
 				   wc.wr_id == 100 + i, "round %llu: no RECV (%d, %s)",
 				   (unsigned long long)i, got, t_wc_status_str(wc.status)))
 				break;
+			if (arg == (void *)LOOK_PAUSED) {
+				t_sleep_ms(LOOK_PAUSE_MS);
+				t_send_u64(p, i);
+			}
 		} else {
 			int got = 0;
 			for (int k = 0; k < 20; k++)
@@ -411,6 +425,8 @@ static void look_child(struct t_peer *p, void *arg)
 			"then spun" :
 		arg == (void *)LOOK_RECEIVED ?
 			"WRITE seen by a target that received a Send, then spun" :
+		arg == (void *)LOOK_PAUSED ?
+			"WRITE seen by a target that received a Send, paused, then spun" :
 			"WRITE seen by a target that polled, then spun";
 	if (n == LOOK_ROUNDS && arg == (void *)LOOK_PLACED)
 		check_slow(delay, n, LOOK_PLACED_SLOW_US, LOOK_PLACED_SLOW_MAX, what);
@@ -1135,6 +1151,8 @@ int main(int argc, char **argv)
 	       (void *)LOOK_POLLED);
 	t_pair("rdma_write_target_received_then_spins", look_parent, look_child,
 	       (void *)LOOK_RECEIVED);
+	t_pair("rdma_write_target_received_paused_then_spins", look_parent, look_child,
+	       (void *)LOOK_PAUSED);
 	t_pair("rdma_write_target_placed_then_spins", look_parent, look_child,
 	       (void *)LOOK_PLACED);
 	t_pair("rdma_write_target_polls_never_sends", hold_parent, hold_child, NULL);

@@ -30,4 +30,27 @@ for bin in "${bins[@]}"; do
     esac
 done
 
+# The transport's own decision that an application spins on memory (its
+# debug log): taken for a target that received a Send and spun while the
+# Write behind it came, never for one that only paused with nothing coming
+# (that decision makes each later round trip unpark: two system calls).
+spins_decisions() {  # CASE: the decisions logged while conf_one_sided runs it
+    local f=$WORK/spins.$1.log
+    run_check "spins.$1" "$T" env URDMA_TRANSPORT="$TRANSPORT" \
+        URDMA_LOG_LEVEL=debug URDMA_LOG_FILE="$f" "$BUILD/bin/conf_one_sided" "$1"
+    SPINS_N=$(grep -c 'the application spins on memory' "$f" 2>/dev/null)
+    [ "$CHECK_RC" -eq 0 ] || SPINS_N=error
+}
+if [ "$TRANSPORT" = tcp ] && budget_left "spins decisions"; then
+    spins_decisions rdma_write_target_received_then_spins
+    yes=$SPINS_N
+    spins_decisions rdma_write_target_received_paused_then_spins
+    no=$SPINS_N
+    if [ "$yes" != error ] && [ "$yes" -ge 1 ] && [ "$no" = 0 ]; then
+        pass "spins decisions ($yes when spinning, $no when paused)"
+    else
+        fail "spins decisions" "$yes when spinning (want >= 1), $no when paused (want 0)"
+    fi
+fi
+
 finish

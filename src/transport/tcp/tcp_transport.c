@@ -116,7 +116,10 @@ struct tcp_rsp {
 enum txp {
 	TXP_NONE,
 	TXP_SEND, /* a long send parked it; the sender then reads (tx_park) */
-	TXP_RECV, /* a poll that received a message or a Write (tcp_poll) */
+	/* A poll that received a message or a Write (tcp_poll); it waits for
+	 * the application's answer, and ends as that send starts
+	 * (tcp_execute), the unpark following the send. */
+	TXP_RECV,
 };
 
 struct tcp_conn {
@@ -149,10 +152,11 @@ struct tcp_conn {
 	uint64_t rx_bytes;     /* received so far (rx_lock) */
 	uint32_t rx_writes;    /* Writes placed whole (rx_lock) */
 	unsigned quiet_polls;  /* application polls that received nothing */
-	/* Its application once left a TXP_RECV park to tcp_maintain: it does
-	 * not answer what it receives (it spins on memory for more), so a
-	 * receiving poll unparks at once from then on (rx_lock). */
-	bool spins;
+	/* Until then (urdma_now_ns), a receiving poll unparks at once: its
+	 * application left a TXP_RECV park to tcp_maintain while bytes came
+	 * that it did not read, so it does not answer what it receives (it
+	 * spins on memory for more).  For SPINS_NS only (rx_lock). */
+	uint64_t spins_until;
 	/* The progress thread does not watch for data: the application
 	 * polls (conn_park, under rx_lock). */
 	_Atomic bool parked;
@@ -2212,8 +2216,9 @@ static bool tx_park(struct tcp_conn *c)
 }
 
 /* After a send: end the park that waited for it.  A long send's own
- * (wait) takes what came meanwhile; a receiving poll's gives the stream
- * back, unless someone receives now (then tcp_maintain does). */
+ * (wait) takes what came meanwhile; a receiving poll's (its TXP_RECV
+ * already ended: tcp_execute) gives the stream back, unless someone
+ * receives now (then tcp_maintain does). */
 static void tx_unpark(struct tcp_conn *c, bool wait)
 {
 	uint8_t how;
@@ -2222,7 +2227,7 @@ static void tx_unpark(struct tcp_conn *c, bool wait)
 		pthread_mutex_lock(&c->rx_lock);
 	else if (pthread_mutex_trylock(&c->rx_lock))
 		return;
-	how = atomic_exchange(&c->tx_parked, TXP_NONE);
+	how = wait ? atomic_exchange(&c->tx_parked, TXP_NONE) : TXP_RECV;
 	if (how != TXP_NONE && !c->closing) {
 		if (how == TXP_SEND)
 			rx_locked(c, HOLD_APP_NS);
@@ -2517,7 +2522,8 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	bool rd = w->opcode == IBV_WR_RDMA_READ ||
 		  w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
 		  w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
-	bool long_park;
+	uint8_t recv = TXP_RECV;
+	bool long_park, answer;
 	int n = 0;
 
 	if (c && atomic_load(&c->dead)) {
@@ -2545,6 +2551,10 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	if (*status != IBV_WC_SUCCESS)
 		return URDMA_TX_DONE;
 	long_park = !rd && w->byte_len >= TX_PARK_MIN && tx_park(c);
+	/* The answer to what a receiving poll parked the stream for: from
+	 * now on the application is not one that left it to spin on memory
+	 * (tcp_maintain), even if its CPU is taken from it in the send. */
+	answer = atomic_compare_exchange_strong(&c->tx_parked, &recv, TXP_NONE);
 	pthread_mutex_lock(&c->tx_lock);
 	conn_sync_timeout(c, qp);
 	if (rd)
@@ -2552,7 +2562,7 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	else
 		tx_send_write(c, qp, w, sp, n);
 	tx_unlock(c);
-	if (long_park || atomic_load(&c->tx_parked) == TXP_RECV)
+	if (long_park || answer)
 		tx_unpark(c, long_park);
 	return r;
 }
@@ -2603,6 +2613,30 @@ static void conn_probe_overdue(struct tcp_conn *c, struct urdma_qp *qp)
 	tx_unlock(c);
 }
 
+/*
+ * tcp_maintain gave back a stream that a receiving poll had parked
+ * (TXP_RECV), and bytes had come meanwhile: the application did not
+ * answer what it received but went to spin on memory for them (a flag
+ * Write behind the data).  Each such wait lasts until tcp_maintain's next
+ * look (PARK_LOOK_NS), so for SPINS_NS this stream's receiving polls
+ * unpark at once (tcp_poll).  Not for good: this is a guess (an
+ * application held off its CPU between a receive and its answer while
+ * more came would look the same), and while it lasts the unpark sits
+ * between each message and its answer (about 0.5 us one-way in
+ * ib_send_lat).  A real spinner pays one look's wait per SPINS_NS.
+ * Under rx_lock.
+ */
+#define SPINS_NS 1000000000ull
+
+static void conn_spins(struct tcp_conn *c)
+{
+	if (urdma_now_ns() >= c->spins_until)
+		urdma_dbg("tcp: qp %#x: the application spins on memory: "
+			  "receiving polls unpark for %llu ms",
+			  c->local_qpn, SPINS_NS / 1000000);
+	c->spins_until = urdma_now_ns() + SPINS_NS;
+}
+
 static bool tcp_maintain(struct urdma_qp *qp)
 {
 	struct tcp_conn *c = qp->tr_priv;
@@ -2641,17 +2675,22 @@ static bool tcp_maintain(struct urdma_qp *qp)
 		/* Bytes in rbuf (FPDUs that came with the MPA Reply, or part
 		 * of one), a parked stream whose application stopped polling
 		 * (or will sleep on its CQ), or a Send waiting for a receive. */
-		bool unread = c->rlen != 0;
+		bool unread = c->rlen != 0, left = false;
+		uint64_t seen = c->rx_bytes;
 
-		if (atomic_load(&c->parked) &&
-		    (!app_polling(c) || atomic_load(&qp->shm->notify))) {
-			if (atomic_load(&c->tx_parked) == TXP_RECV)
-				c->spins = true;
-			conn_park(c, false);
-			unread = true;
+		if (atomic_load(&c->parked)) {
+			bool away = !app_polling(c);
+
+			left = away && atomic_load(&c->tx_parked) == TXP_RECV;
+			if (away || atomic_load(&qp->shm->notify)) {
+				conn_park(c, false);
+				unread = true;
+			}
 		}
 		if (unread || atomic_load(&c->stalled))
 			rx_locked(c, progress_hold_ns(c));
+		if (left && c->rx_bytes != seen)
+			conn_spins(c);
 		if (atomic_load(&c->parked))
 			urdma_progress_by(urdma_now_ns() + PARK_LOOK_NS);
 		again = atomic_load(&c->stalled);
@@ -2724,15 +2763,16 @@ static void tcp_poll(struct urdma_qp *qp)
 	 * its send gives the stream back once the answer is on its way
 	 * (TXP_RECV, tx_unpark); an unpark here would put a system call
 	 * between the message and the answer.  A close poll after it keeps
-	 * that.  Unless this application was once found not answering
-	 * (spins: it spun on memory for a Write still to come, and
+	 * that.  Unless this application was lately found not answering
+	 * (spins_until: it spun on memory for a Write still to come, and
 	 * tcp_maintain had to unpark): then, as for anything else received
 	 * (an answer), the stream goes back now. */
 	if (!c->qp || atomic_load(&c->qp->shm->notify)) {
 		conn_park(c, false); /* the application is about to sleep */
 	} else if (quiet) {
 		conn_park(c, true);
-	} else if (atomic_load(&c->parked) && !c->quiet_polls && !c->spins &&
+	} else if (atomic_load(&c->parked) && !c->quiet_polls &&
+		   now >= c->spins_until &&
 		   (atomic_load(&c->qp->shm->rq_done) != recvs ||
 		    c->rx_writes != writes)) {
 		uint8_t none = TXP_NONE;
