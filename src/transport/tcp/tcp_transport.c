@@ -185,10 +185,10 @@ struct tcp_conn {
 	/* A write gave up inside an FPDU: the stream takes nothing more. */
 	_Atomic bool tx_broken;
 	/* The stream's end once given up (conn_shut): the Terminate the
-	 * receive path framed (term_left bytes of term_len still to go),
-	 * then the FIN; whoever has tx_lock sends them (tx_fin). */
+	 * receive path framed (term_off of its term_len bytes sent), then
+	 * the FIN; whoever has tx_lock sends them (tx_fin). */
 	uint8_t term[sizeof(((struct tx_seg *)0)->hdr) + 8];
-	uint32_t term_len, term_left, term_ctrl;
+	uint32_t term_len, term_off, term_ctrl;
 	_Atomic bool fin_want;
 	unsigned timeout_ms; /* TCP_USER_TIMEOUT set, + 1 (0: never set) */
 	/* outstanding Reads and atomics, unconfirmed messages: ord_lock */
@@ -726,16 +726,29 @@ static int rsp_push(struct tcp_conn *c, const struct tcp_rsp *r,
 	return 0;
 }
 
-/* Send what the socket takes now of the cut FPDU's end (res).  Returns 0
- * (progress), -EAGAIN or an error.  Under tx_lock. */
-static int res_send(struct tcp_conn *c)
+/* Send what the socket takes now of buf's len bytes from *off on,
+ * advancing *off.  Returns 0 (progress), -EAGAIN or an error.  Under
+ * tx_lock. */
+static int tx_rest(struct tcp_conn *c, uint8_t *buf, uint32_t len,
+		   uint32_t *off)
 {
-	struct iovec v = { c->res + c->res_off, c->res_len - c->res_off };
+	struct iovec v = { buf + *off, len - *off };
 	ssize_t k = tx_some(c, &v, 1, false);
 
 	if (k < 0)
 		return (int)k;
-	c->res_off += k;
+	*off += (uint32_t)k;
+	return 0;
+}
+
+/* Send what the socket takes now of the cut FPDU's end (res).  Returns 0
+ * (progress), -EAGAIN or an error.  Under tx_lock. */
+static int res_send(struct tcp_conn *c)
+{
+	int r = tx_rest(c, c->res, c->res_len, &c->res_off);
+
+	if (r)
+		return r;
 	if (c->res_off == c->res_len) {
 		c->res_len = c->res_off = 0;
 		atomic_fetch_sub(&c->rsp_n, 1);
@@ -1088,7 +1101,8 @@ static void term_frame(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
 	seg_close(c, &s, seg_open(c, &s, h, n + blen, 0, 0, true));
 	memcpy(c->term, s.hdr, s.hlen);
 	memcpy(c->term + s.hlen, s.trailer, s.tlen);
-	c->term_len = c->term_left = s.hlen + s.tlen;
+	c->term_len = s.hlen + s.tlen;
+	c->term_off = 0;
 	c->term_ctrl = ctrl;
 }
 
@@ -1105,14 +1119,9 @@ static bool tx_fin_locked(struct tcp_conn *c)
 
 	while (!r && c->res_len)
 		r = res_send(c);
-	while (!r && c->term_left) {
-		struct iovec v = { c->term + c->term_len - c->term_left,
-				   c->term_left };
-		ssize_t k = tx_some(c, &v, 1, false);
-
-		if (k < 0)
-			r = (int)k;
-		else if (!(c->term_left -= k))
+	while (!r && c->term_off < c->term_len) {
+		r = tx_rest(c, c->term, c->term_len, &c->term_off);
+		if (!r && c->term_off == c->term_len)
 			urdma_info("tcp: qp %#x: sent TERMINATE (layer %u type %u "
 				   "code %#x)", c->local_qpn,
 				   TERM_LAYER(c->term_ctrl),
@@ -1121,7 +1130,7 @@ static bool tx_fin_locked(struct tcp_conn *c)
 	}
 	if (r == -EAGAIN)
 		return true;
-	if (c->term_left)
+	if (c->term_off < c->term_len)
 		urdma_info("tcp: qp %#x: TERMINATE not sent: %s", c->local_qpn,
 			   atomic_load(&c->tx_broken) ?
 				   "the stream was cut inside an FPDU" :
@@ -2553,8 +2562,10 @@ static enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	long_park = !rd && w->byte_len >= TX_PARK_MIN && tx_park(c);
 	/* The answer to what a receiving poll parked the stream for: from
 	 * now on the application is not one that left it to spin on memory
-	 * (tcp_maintain), even if its CPU is taken from it in the send. */
-	answer = atomic_compare_exchange_strong(&c->tx_parked, &recv, TXP_NONE);
+	 * (tcp_maintain), even if its CPU is taken from it in the send.  The
+	 * load first: no locked instruction per message otherwise. */
+	answer = atomic_load(&c->tx_parked) == TXP_RECV &&
+		 atomic_compare_exchange_strong(&c->tx_parked, &recv, TXP_NONE);
 	pthread_mutex_lock(&c->tx_lock);
 	conn_sync_timeout(c, qp);
 	if (rd)
@@ -2630,11 +2641,13 @@ static void conn_probe_overdue(struct tcp_conn *c, struct urdma_qp *qp)
 
 static void conn_spins(struct tcp_conn *c)
 {
-	if (urdma_now_ns() >= c->spins_until)
+	uint64_t now = urdma_now_ns();
+
+	if (now >= c->spins_until)
 		urdma_dbg("tcp: qp %#x: the application spins on memory: "
 			  "receiving polls unpark for %llu ms",
 			  c->local_qpn, SPINS_NS / 1000000);
-	c->spins_until = urdma_now_ns() + SPINS_NS;
+	c->spins_until = now + SPINS_NS;
 }
 
 static bool tcp_maintain(struct urdma_qp *qp)
