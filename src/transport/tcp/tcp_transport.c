@@ -45,7 +45,7 @@
 
 #define RBUF_SIZE (256 * 1024)
 #define TX_IOV 64
-#define TX_GATHER 1024 /* a write that goes out from one buffer (tx_flat) */
+#define TX_GATHER 4608 /* a write that goes out from one buffer (tx_flat) */
 #define RSP_SEGS 8	     /* FPDUs per non-blocking response write */
 #define RSP_TAKE 8	     /* data-less responses sent with a message */
 #define RSP_MAX (1u << 16) /* queued responses before the peer is cut off */
@@ -166,6 +166,7 @@ struct tcp_conn {
 	/* send side, under tx_lock */
 	uint32_t tx_msn[DDP_NUM_QN];
 	struct tx_seg tx_tail; /* an FPDU to send with the next message's end */
+	uint8_t tx_buf[TX_GATHER]; /* a small write, as one buffer (tx_flat) */
 	/* The unsent end of an FPDU that a non-blocking write cut: it goes
 	 * before anything else. */
 	uint8_t *res;
@@ -660,10 +661,10 @@ static int tx_wait(struct tcp_conn *c)
 }
 
 /* iov as one buffer (*len bytes), copied into buf when it has more than
- * one iovec and at most TX_GATHER bytes; NULL when it has more.  A small
- * message (its FPDU, the answers and the flush tail that go with it: 7
- * iovecs) then goes out by send(), which costs less than sendmsg(), and
- * sendmsg() costs more with each iovec. */
+ * one iovec and at most TX_GATHER bytes; NULL when it has more.  A
+ * message of up to 4 KiB (its FPDU, the answers and the flush tail that
+ * go with it: 7 iovecs) then goes out by send(), which costs less than
+ * sendmsg(), and sendmsg() costs more with each iovec. */
 static const void *tx_flat(const struct iovec *iov, int n, uint8_t *buf,
 			   size_t *len)
 {
@@ -691,16 +692,15 @@ static const void *tx_flat(const struct iovec *iov, int n, uint8_t *buf,
  * writes the rest of the message next: MSG_MORE keeps TCP from pushing
  * the partly filled segment this write ends with (TCP_NODELAY would), so
  * a long message goes out in full-sized segments.  The last write of a
- * message is pushed.
+ * message is pushed.  Under tx_lock (tx_buf).
  */
 static ssize_t tx_some(struct tcp_conn *c, struct iovec *iov, int n,
 		       bool more)
 {
 	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
 	int flags = MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0);
-	uint8_t buf[TX_GATHER];
 	size_t len;
-	const void *flat = tx_flat(iov, n, buf, &len);
+	const void *flat = tx_flat(iov, n, c->tx_buf, &len);
 
 	if (atomic_load(&c->tx_broken))
 		return -EPIPE;
