@@ -67,6 +67,12 @@ UNDECODED='tcp.len > 0 && !iwarp_mpa && !tcp.reassembled_in && !tcp.analysis.out
 
 CAP_PID=""
 # capture_start NAME OOB_PORT: capture on VETH_B; sets CAP_FILE, CAP_LOG.
+# tshark says "Capturing on" before dumpcap has opened the interface: a
+# workload started then may lose its MPA Request and Reply to the capture
+# (seen once, on a machine's first run), and Wireshark does not decode a
+# stream whose start it has not seen.  So a probe (a connection refused on
+# port 9: a SYN and a reset, no payload) goes in until the capture file
+# grows: dumpcap writes the file once it captures, after its filter is set.
 capture_start() {
     CAP_FILE=$WORK/$1.pcapng
     CAP_LOG=$WORK/$1.tshark.log
@@ -82,6 +88,20 @@ capture_start() {
             return 1
         fi
         sleep 0.05
+        i=$((i + 1))
+    done
+    local size0=-1 size
+    i=0
+    while :; do
+        size=$(stat -c %s "$CAP_FILE" 2>/dev/null || echo -1)
+        [ "$size0" -ge 0 ] && [ "$size" -gt "$size0" ] && return 0
+        [ "$size0" -lt 0 ] && size0=$size
+        if ! kill -0 "$CAP_PID" 2>/dev/null || [ "$i" -ge 100 ]; then
+            show_log "$CAP_LOG" "tshark"
+            return 1
+        fi
+        ip netns exec "$NS_B" timeout 1 bash -c "exec 3<>/dev/tcp/$SRV_IP/9" 2>/dev/null
+        sleep 0.1
         i=$((i + 1))
     done
 }
