@@ -992,17 +992,21 @@ static int tx_all(struct tcp_conn *c, struct iovec *iov, int n, bool more)
 }
 
 /* Frame the queued responses that carry no data (answers to flushes,
- * atomic responses), oldest first, into seg/iov: they go in the same
- * writev as the message that follows, so the peer finds them with it.
- * Returns the iovecs used.  Under tx_lock, with no FPDU cut. */
-static int rsp_take(struct tcp_conn *c, struct tx_seg *seg, struct iovec *iov)
+ * atomic responses), oldest first, into seg/iov, at most max iovecs: they
+ * go in the same writev as the message they ride with, so the peer finds
+ * them with it.  Returns the iovecs used.  Under tx_lock, with no FPDU
+ * cut. */
+static int rsp_take(struct tcp_conn *c, struct tx_seg *seg, struct iovec *iov,
+		    int max)
 {
 	int n = 0;
 
 	if (!atomic_load(&c->rsp_n))
 		return 0; /* the common case: no lock per message */
+	if (max > 2 * RSP_TAKE)
+		max = 2 * RSP_TAKE;
 	pthread_mutex_lock(&c->rsp_lock);
-	while (n < 2 * RSP_TAKE && c->rsp_head != c->rsp_tail) {
+	while (n + 2 <= max && c->rsp_head != c->rsp_tail) {
 		struct tcp_rsp *r = &c->rsp[c->rsp_head & (c->rsp_size - 1)];
 		struct tx_seg *s = &seg[n / 2];
 
@@ -1018,10 +1022,35 @@ static int rsp_take(struct tcp_conn *c, struct tx_seg *seg, struct iovec *iov)
 	return n;
 }
 
+/* Whether the queued responses are all answers without data (no Read
+ * Response with data, no cut FPDU).  Under tx_lock. */
+static bool rsp_bare(struct tcp_conn *c)
+{
+	bool bare = !c->res_len;
+
+	if (!atomic_load(&c->rsp_n))
+		return bare;
+	pthread_mutex_lock(&c->rsp_lock);
+	for (uint32_t i = c->rsp_head; bare && i != c->rsp_tail; i++) {
+		const struct tcp_rsp *r = &c->rsp[i & (c->rsp_size - 1)];
+
+		bare = !(r->read && r->len);
+	}
+	pthread_mutex_unlock(&c->rsp_lock);
+	return bare;
+}
+
 /*
  * Send one message (see frame), waiting for room.  Queued responses go
  * first (those without data in the same writev), a pending tail
- * (tx_flush_tail) last, in the same writev.  Under tx_lock.
+ * (tx_flush_tail) last, in the same writev.  A Write takes the answers
+ * without data at its end instead, before the tail, when nothing with
+ * data waits: a peer that waits for its own message's completion (an
+ * answer) then goes on receiving until our Write is all there, and does
+ * not leave to spin on memory for the rest of it (ib_write_lat), which
+ * its progress thread would have to receive.  Not a Send: a peer with no
+ * receive posted stops reading at it, and its answers would wait too.
+ * Under tx_lock.
  */
 static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		  const struct urdma_span *sp, int nsp, uint64_t len)
@@ -1030,12 +1059,12 @@ static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 	struct iovec iov[TX_IOV];
 	int fiov[TX_IOV / 4 + 1], niov = 0;
 	uint64_t off = 0;
-	bool end = false;
+	bool end = false, late = (hdr[0] & DDP_FLAG_T) && rsp_bare(c);
 	int ret = 0;
 
-	if (!c->res_len)
-		niov = rsp_take(c, pseg, iov);
-	if (atomic_load(&c->rsp_n) && niov < 2 * RSP_TAKE) {
+	if (!c->res_len && !late)
+		niov = rsp_take(c, pseg, iov, 2 * RSP_TAKE);
+	if (!late && atomic_load(&c->rsp_n) && niov < 2 * RSP_TAKE) {
 		/* A Read Response or a cut FPDU is next: send it all first. */
 		ret = tx_all(c, iov, niov, false);
 		if (!ret)
@@ -1053,6 +1082,8 @@ static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 
 		if (n < 0)
 			return n;
+		if (end && late)
+			niov += rsp_take(c, pseg, iov + niov, TX_IOV - 2 - niov);
 		if (end && c->tx_tail.hlen) {
 			iov[niov++] = (struct iovec){ c->tx_tail.hdr,
 						      c->tx_tail.hlen };
