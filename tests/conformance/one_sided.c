@@ -274,7 +274,12 @@ static void spin_child(struct t_peer *p, void *arg)
  * next look, up to 2 ms).  The slow rounds besides the first are there
  * without the park too (0 to 6 of 21 when a Write never kept it): the
  * data came through the progress thread just before the poll loop parked
- * the stream.
+ * the stream.  With more busy threads than CPUs the flag waits for a CPU
+ * instead: 8 to 25 of 41 with three busy loops here (medians up to 3 ms,
+ * a scheduler's time slice), and a shared host's busy spell can do the
+ * same (21 to 23 of 41 in 3 of 15 runs one evening).  So a set over the
+ * bound is followed by a second set, which decides: a transport that
+ * keeps the park fails both.
  */
 #define LOOK_ROUNDS 41
 #define LOOK_BOUND_US 10000
@@ -307,13 +312,20 @@ static void check_median(uint64_t *us, int n, uint64_t bound, const char *what)
 	      (unsigned long long)us[n / 2], (unsigned long long)bound);
 }
 
-/* At most most of n delays (us) may be over slow us; what names them. */
-static void check_slow(const uint64_t *us, int n, uint64_t slow, int most, const char *what)
+static int count_over(const uint64_t *us, int n, uint64_t slow)
 {
 	int over = 0;
 
 	for (int i = 0; i < n; i++)
 		over += us[i] > slow;
+	return over;
+}
+
+/* At most most of n delays (us) may be over slow us; what names them. */
+static void check_slow(const uint64_t *us, int n, uint64_t slow, int most, const char *what)
+{
+	int over = count_over(us, n, slow);
+
 	t_note("%s: %d of %d over %llu us", what, over, n, (unsigned long long)slow);
 	CHECK(over <= most, "%s: %d of %d over %llu us, at most %d allowed", what, over, n,
 	      (unsigned long long)slow, most);
@@ -324,10 +336,12 @@ static void look_parent(struct t_peer *p, void *arg)
 	struct initiator in;
 	initiator_open(&in, 64, NULL);
 	t_connect_pair(p, &in.r, in.mr, &in.remote);
-	for (uint64_t i = 1; i <= look_rounds(arg); i++) {
+	for (uint64_t i = 1;; i++) {
 		int ret;
 
-		(void)t_recv_u64(p, T_WAIT_MS); /* the target polls or spins */
+		/* The target polls or spins; 0: no more rounds */
+		if (!t_recv_u64(p, T_WAIT_MS))
+			break;
 		if (arg == (void *)LOOK_PLACED) {
 			/* The data, then the flag once the target spins */
 			memcpy(in.buf + 8, &i, sizeof(i));
@@ -375,7 +389,8 @@ static void look_child(struct t_peer *p, void *arg)
 	t_connect_pair(p, &t.r, t.mr, NULL);
 	volatile uint64_t *v = (volatile uint64_t *)t.region;
 	volatile uint64_t *data = (volatile uint64_t *)(t.region + 16);
-	for (uint64_t i = 1; i <= look_rounds(arg); i++) {
+	uint64_t last = look_rounds(arg);
+	for (uint64_t i = 1; i <= last; i++) {
 		/* Idle long enough for the transport to have looked at the
 		 * stream since the last round; then a poll loop that finds
 		 * nothing, and off to spin. */
@@ -426,7 +441,16 @@ static void look_child(struct t_peer *p, void *arg)
 			   "in %d ms", (unsigned long long)i, T_WAIT_MS))
 			break;
 		delay[n++] = seen > posted ? seen - posted : 0;
+		if (i == LOOK_ROUNDS && arg == (void *)LOOK_PLACED &&
+		    count_over(delay, n, LOOK_PLACED_SLOW_US) > LOOK_PLACED_SLOW_MAX) {
+			t_note("first set: %d of %d over %d us: a second set decides",
+			       count_over(delay, n, LOOK_PLACED_SLOW_US), n,
+			       LOOK_PLACED_SLOW_US);
+			last += LOOK_ROUNDS;
+			n = 0;
+		}
 	}
+	t_send_u64(p, 0); /* no more rounds */
 	const char *what =
 		arg == (void *)LOOK_PLACED ?
 			"flag WRITE seen by a target that polled until the data WRITE came, "
