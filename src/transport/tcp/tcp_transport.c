@@ -172,12 +172,13 @@ struct tcp_conn {
 	uint8_t *res;
 	uint32_t res_off, res_len;
 	/* Responses, in order (rsp_lock; sent under tx_lock, rsp_pump).
-	 * rsp_n counts them and a cut FPDU.  rsp_due: when the oldest must
-	 * go at the latest (rsp_push). */
+	 * rsp_n counts them and a cut FPDU, rsp_data those with data (Read
+	 * Responses: tx_msg).  rsp_due: when the oldest must go at the latest
+	 * (rsp_push). */
 	pthread_mutex_t rsp_lock;
 	struct tcp_rsp *rsp;
 	uint32_t rsp_head, rsp_tail, rsp_size;
-	_Atomic uint32_t rsp_n;
+	_Atomic uint32_t rsp_n, rsp_data;
 	_Atomic uint64_t rsp_due;
 	uint64_t rx_hold_ns; /* what this receive pass holds answers for */
 	/* The progress thread watches for room to send them (EPOLLOUT);
@@ -751,6 +752,8 @@ static int rsp_push(struct tcp_conn *c, const struct tcp_rsp *r,
 		atomic_store(&c->rsp_due, due);
 	c->rsp[c->rsp_tail++ & (c->rsp_size - 1)] = *r;
 	atomic_fetch_add(&c->rsp_n, 1);
+	if (r->read && r->len)
+		atomic_fetch_add(&c->rsp_data, 1);
 	pthread_mutex_unlock(&c->rsp_lock);
 	if (hold_ns)
 		urdma_progress_by(due);
@@ -852,6 +855,8 @@ static int rsp_step(struct tcp_conn *c)
 	if (done == nseg && end) {
 		c->rsp_head++;
 		atomic_fetch_sub(&c->rsp_n, 1);
+		if (r.read && r.len)
+			atomic_fetch_sub(&c->rsp_data, 1);
 	} else {
 		c->rsp[c->rsp_head & (c->rsp_size - 1)].off = off;
 	}
@@ -1022,24 +1027,6 @@ static int rsp_take(struct tcp_conn *c, struct tx_seg *seg, struct iovec *iov,
 	return n;
 }
 
-/* Whether the queued responses are all answers without data (no Read
- * Response with data, no cut FPDU).  Under tx_lock. */
-static bool rsp_bare(struct tcp_conn *c)
-{
-	bool bare = !c->res_len;
-
-	if (!atomic_load(&c->rsp_n))
-		return bare;
-	pthread_mutex_lock(&c->rsp_lock);
-	for (uint32_t i = c->rsp_head; bare && i != c->rsp_tail; i++) {
-		const struct tcp_rsp *r = &c->rsp[i & (c->rsp_size - 1)];
-
-		bare = !(r->read && r->len);
-	}
-	pthread_mutex_unlock(&c->rsp_lock);
-	return bare;
-}
-
 /*
  * Send one message (see frame), waiting for room.  Queued responses go
  * first (those without data in the same writev), a pending tail
@@ -1059,7 +1046,9 @@ static int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 	struct iovec iov[TX_IOV];
 	int fiov[TX_IOV / 4 + 1], niov = 0;
 	uint64_t off = 0;
-	bool end = false, late = (hdr[0] & DDP_FLAG_T) && rsp_bare(c);
+	/* A Write, with no cut FPDU and no Read Response with data queued */
+	bool end = false, late = (hdr[0] & DDP_FLAG_T) && !c->res_len &&
+				 !atomic_load(&c->rsp_data);
 	int ret = 0;
 
 	if (!c->res_len && !late)
