@@ -441,11 +441,11 @@ static void look_child(struct t_peer *p, void *arg)
 			   "in %d ms", (unsigned long long)i, T_WAIT_MS))
 			break;
 		delay[n++] = seen > posted ? seen - posted : 0;
-		if (i == LOOK_ROUNDS && arg == (void *)LOOK_PLACED &&
-		    count_over(delay, n, LOOK_PLACED_SLOW_US) > LOOK_PLACED_SLOW_MAX) {
-			t_note("first set: %d of %d over %d us: a second set decides",
-			       count_over(delay, n, LOOK_PLACED_SLOW_US), n,
-			       LOOK_PLACED_SLOW_US);
+		int over = i == LOOK_ROUNDS && arg == (void *)LOOK_PLACED ?
+				   count_over(delay, n, LOOK_PLACED_SLOW_US) : 0;
+		if (over > LOOK_PLACED_SLOW_MAX) {
+			t_note("first set: %d of %d over %d us: a second set decides", over,
+			       n, LOOK_PLACED_SLOW_US);
 			last += LOOK_ROUNDS;
 			n = 0;
 		}
