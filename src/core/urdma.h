@@ -213,7 +213,24 @@ static inline uint32_t roundup_pow2(uint32_t v)
 
 uint64_t urdma_now_ns(void);
 
-/* host.c: the host directory, the identity memfd, peers */
+/* backing.c: the identity memfd, backed pages, window tables */
+#define URDMA_WIN_SHIFT 30 /* 1 GiB windows */
+#define URDMA_WIN_SIZE (1ULL << URDMA_WIN_SHIFT)
+#define URDMA_VA_BITS 47
+#define URDMA_WIN_L2_BITS 10
+#define URDMA_WIN_L1_COUNT (1u << (URDMA_VA_BITS - URDMA_WIN_SHIFT - URDMA_WIN_L2_BITS))
+#define URDMA_WIN_L2_COUNT (1u << URDMA_WIN_L2_BITS)
+
+struct urdma_wintab {
+	_Atomic(uint8_t *) *l1[URDMA_WIN_L1_COUNT];
+};
+
+void urdma_wintab_release(struct urdma_wintab *t);
+void *urdma_wintab_ptr(struct urdma_wintab *t, pthread_mutex_t *lock,
+		       int memfd, uint64_t va, uint64_t *avail);
+void urdma_backing_atfork_child(void);
+
+/* host.c: the host directory, peers */
 struct urdma_proc {
 	pthread_mutex_t lock;
 	struct list_head contexts;
@@ -227,8 +244,9 @@ int urdma_host_create(const char *prefix, uint32_t *id, uint32_t id_mask,
 		      size_t size, void **map);
 void urdma_host_remove(const char *prefix, uint32_t id, void *map, size_t size);
 void *urdma_host_open(const char *prefix, uint32_t id, size_t *size);
-int urdma_host_back_range(uint64_t start, uint64_t len);
 void urdma_host_sweep(void);
+/* backing.c */
+int urdma_host_back_range(uint64_t start, uint64_t len);
 
 struct urdma_peer *urdma_peer_get(uint32_t ctx_id, int32_t pid);
 void urdma_peer_put(struct urdma_peer *p);
