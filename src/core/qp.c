@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
- * RC queue pairs: the state machine, the send queue engine and the owner's
- * side of the receive queue.
+ * RC queue pairs: the state machine and the send queue engine (the owner's
+ * side of the receive queue is in rq.c).
  *
  * Send path: ibv_post_send validates and copies each WR into the private SQ
  * ring, then runs the engine in the caller's thread: the transport executes
@@ -176,18 +176,6 @@ err_free:
 	return NULL;
 }
 
-/* Wait until no deliverer is inside our receive queue.  The caller has
- * just published a state deliverers refuse, with a full fence. */
-static void rq_quiesce(struct urdma_qp *qp)
-{
-	atomic_thread_fence(memory_order_seq_cst);
-	while (atomic_load(&qp->shm->busy)) {
-		if (qp->peer && urdma_peer_dead(qp->peer))
-			break;
-		sched_yield();
-	}
-}
-
 /* Count the QP in its CQs' polled_qps while its transport has tr->poll. */
 static void qp_count_polled(struct urdma_qp *qp, int d)
 {
@@ -243,7 +231,7 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	struct urdma_context *uctx = qp->uctx;
 
 	atomic_store(&qp->shm->state, URDMA_SQPS_GONE);
-	rq_quiesce(qp);
+	urdma_rq_quiesce(qp);
 	pthread_mutex_lock(&uctx->lock);
 	list_del(&qp->ctx_node);
 	pthread_mutex_unlock(&uctx->lock);
@@ -272,30 +260,6 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 
 /* ---- errors and flushing ---- */
 
-/* Complete every receive WR not yet completed with FLUSH_ERR.  Deliverers
- * are out: the shared state is ERR and rq_quiesce() ran. */
-static uint32_t rq_flush(struct urdma_qp *qp)
-{
-	struct urdma_shm_qp *s = qp->shm;
-	uint32_t done, prod, n;
-
-	pthread_mutex_lock(&qp->rq_lock);
-	done = atomic_load(&s->rq_done);
-	prod = atomic_load(&s->rq_prod);
-	n = prod - done;
-	for (; done != prod; done++) {
-		struct urdma_shm_rqe *e = urdma_rqe(s, done);
-
-		e->status = IBV_WC_WR_FLUSH_ERR;
-		e->opcode = IBV_WC_RECV;
-		e->byte_len = 0;
-		e->wc_flags = 0;
-	}
-	atomic_store_explicit(&s->rq_done, done, memory_order_release);
-	pthread_mutex_unlock(&qp->rq_lock);
-	return n;
-}
-
 /* Move to ERR.  Called with sq_lock held; the engine flushes the SQ. */
 static void qp_enter_error(struct urdma_qp *qp)
 {
@@ -304,7 +268,7 @@ static void qp_enter_error(struct urdma_qp *qp)
 	qp->ibqp.state = IBV_QPS_ERR;
 	qp->attr.qp_state = IBV_QPS_ERR;
 	atomic_store(&qp->shm->state, URDMA_SQPS_ERR);
-	rq_quiesce(qp);
+	urdma_rq_quiesce(qp);
 	if (!was_error)
 		urdma_dbg("qp %#x -> ERR", qp->ibqp.qp_num);
 	/* sq_run() flushes the receive queue after the send queue. */
@@ -507,7 +471,7 @@ static void sq_run(struct urdma_qp *qp)
 	sq_set_pending(qp, false);
 	/* In ERR: send errors and flushes are in the CQ; now the receives.
 	 * Flushed receives are completions: wake an armed CQ. */
-	if (qp->ibqp.state == IBV_QPS_ERR && rq_flush(qp))
+	if (qp->ibqp.state == IBV_QPS_ERR && urdma_rq_flush(qp))
 		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
 }
 
@@ -628,90 +592,6 @@ void urdma_qp_release(struct urdma_qp *qp)
 	pthread_mutex_unlock(&qp->sq_lock);
 }
 
-/* ---- receive queue, owner side ---- */
-
-int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
-{
-	struct urdma_shm_qp *s = qp->shm;
-	uint32_t done = atomic_load_explicit(&s->rq_done, memory_order_acquire);
-	uint32_t poll = qp->rq_poll;
-	int n = 0;
-
-	while (n < max && poll != done) {
-		struct urdma_shm_rqe *e = urdma_rqe(s, poll);
-		struct ibv_wc *w = &wc[n++];
-
-		memset(w, 0, sizeof(*w));
-		w->wr_id = e->wr_id;
-		w->status = e->status;
-		w->opcode = e->opcode;
-		w->byte_len = e->byte_len;
-		w->imm_data = e->imm_data;
-		w->wc_flags = e->wc_flags;
-		w->qp_num = qp->ibqp.qp_num;
-		w->src_qp = e->src_qp;
-		poll++;
-	}
-	__atomic_store_n(&qp->rq_poll, poll, __ATOMIC_RELEASE);
-	return n;
-}
-
-int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
-		    struct ibv_recv_wr **bad)
-{
-	struct urdma_qp *qp = to_uqp(ibqp);
-	struct urdma_shm_qp *s = qp->shm;
-	int ret = 0;
-	uint32_t prod;
-
-	pthread_mutex_lock(&qp->rq_lock);
-	prod = atomic_load_explicit(&s->rq_prod, memory_order_relaxed);
-	for (; wr; wr = wr->next) {
-		struct urdma_shm_rqe *e;
-
-		if (ibqp->state == IBV_QPS_RESET) {
-			ret = EINVAL;
-			break;
-		}
-		if ((uint32_t)wr->num_sge > qp->cap.max_recv_sge ||
-		    wr->num_sge < 0) {
-			ret = EINVAL;
-			break;
-		}
-		if (prod - __atomic_load_n(&qp->rq_poll, __ATOMIC_ACQUIRE) >=
-		    s->rq_size) {
-			ret = ENOMEM;
-			break;
-		}
-		e = urdma_rqe(s, prod);
-		e->wr_id = wr->wr_id;
-		e->num_sge = wr->num_sge;
-		for (int i = 0; i < wr->num_sge; i++) {
-			e->sge[i].addr = wr->sg_list[i].addr;
-			e->sge[i].length = wr->sg_list[i].length;
-			e->sge[i].lkey = wr->sg_list[i].lkey;
-		}
-		e->status = IBV_WC_SUCCESS;
-		prod++;
-		atomic_store_explicit(&s->rq_prod, prod, memory_order_release);
-	}
-	pthread_mutex_unlock(&qp->rq_lock);
-	/* rq_flush takes rq_lock itself. */
-	if (ibqp->state == IBV_QPS_ERR)
-		rq_flush(qp);
-	if (ret)
-		*bad = wr;
-	/* A sender waits for a receive: wake it. */
-	atomic_thread_fence(memory_order_seq_cst);
-	if (atomic_load_explicit(&s->rnr_waiter, memory_order_relaxed) &&
-	    atomic_exchange(&s->rnr_waiter, 0) && qp->peer)
-		urdma_peer_wake(qp->peer);
-	if (qp->tr && qp->tr->recv_posted)
-		qp->tr->recv_posted(qp);
-	if (ibqp->state == IBV_QPS_ERR)
-		urdma_cq_notify(to_ucq(ibqp->recv_cq));
-	return ret;
-}
 
 /* ---- send queue, posting ---- */
 
@@ -1056,7 +936,7 @@ int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
 	switch (next) {
 	case IBV_QPS_RESET:
 		atomic_store(&qp->shm->state, URDMA_SQPS_RESET);
-		rq_quiesce(qp);
+		urdma_rq_quiesce(qp);
 		qp_disconnect(qp);
 		reset_queues(qp);
 		break;

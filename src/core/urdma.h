@@ -291,7 +291,10 @@ void urdma_qp_wr_kick(struct urdma_qp *qp);
 void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event);
 uint64_t urdma_qp_retry_ns(const struct urdma_qp *qp);
 bool urdma_qp_maintain(struct urdma_qp *qp);
+/* rq.c */
 int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max);
+void urdma_rq_quiesce(struct urdma_qp *qp);
+uint32_t urdma_rq_flush(struct urdma_qp *qp);
 
 /* progress.c */
 enum { URDMA_WATCH_CTX, URDMA_WATCH_PEER, URDMA_WATCH_FN };
