@@ -163,10 +163,14 @@ static int memfd_create_locked(void)
 
 	if (urdma_proc.memfd >= 0)
 		return 0;
-	fd = memfd_create("urdma", MFD_CLOEXEC);
+	fd = memfd_create("urdma", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return -errno;
-	if (ftruncate(fd, 1ULL << URDMA_VA_BITS) < 0 || fstat(fd, &st) < 0) {
+	/* Peers map it (core/host.c): sealed, nobody can shrink it under
+	 * their mappings (a SIGBUS), nor seal it against our own use. */
+	if (ftruncate(fd, 1ULL << URDMA_VA_BITS) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) ||
+	    fstat(fd, &st) < 0) {
 		int err = errno;
 
 		close(fd);
@@ -175,6 +179,19 @@ static int memfd_create_locked(void)
 	urdma_proc.memfd_ino = st.st_ino;
 	urdma_proc.memfd = fd;
 	return 0;
+}
+
+/* The identity memfd, created on first use; -errno if it can't be. */
+int urdma_memfd(void)
+{
+	int ret;
+
+	pthread_mutex_lock(&urdma_proc.lock);
+	ret = memfd_create_locked();
+	if (!ret)
+		ret = urdma_proc.memfd;
+	pthread_mutex_unlock(&urdma_proc.lock);
+	return ret;
 }
 
 struct vma {

@@ -226,7 +226,6 @@ static const struct verbs_ex_private cm_link = {
 struct ibv_context *urdma_open_device(struct ibv_device *dev)
 {
 	struct urdma_context *uctx;
-	char path[300];
 	int ret;
 
 	if (dev != &urdma_dev.ibdev) {
@@ -266,43 +265,21 @@ struct ibv_context *urdma_open_device(struct ibv_device *dev)
 	build_gids(uctx);
 	uctx->lid = 1 + netns_id() % 0xbffe;
 
-	ret = -urdma_host_create("ctx", &uctx->ctx_id, 0x7fffffff,
-				 sizeof(struct urdma_shm_ctx),
-				 (void **)&uctx->shm);
+	ret = -urdma_host_ctx_open(uctx);
 	if (ret) {
 		errno = ret;
 		goto err_close;
 	}
-	uctx->shm->version = URDMA_SHM_VERSION;
-	uctx->shm->ctx_id = uctx->ctx_id;
-	uctx->shm->pid = getpid();
-	uctx->shm->uid = getuid();
-	uctx->shm->memfd = -1;
-	__atomic_store_n(&uctx->shm->magic, URDMA_SHM_MAGIC, __ATOMIC_RELEASE);
-
-	snprintf(path, sizeof(path), "%s/ctx-%x.wake", urdma_proc.dir,
-		 uctx->ctx_id);
-	unlink(path);
-	if (mkfifo(path, 0600) < 0)
-		goto err_shm;
-	uctx->wake_fd = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
-	if (uctx->wake_fd < 0)
-		goto err_fifo;
 	ret = urdma_progress_add_ctx(uctx);
 	if (ret) {
 		errno = -ret;
-		goto err_wake;
+		goto err_host;
 	}
 	urdma_dbg("context %x opened", uctx->ctx_id);
 	return &uctx->vctx.context;
 
-err_wake:
-	close(uctx->wake_fd);
-err_fifo:
-	unlink(path);
-err_shm:
-	urdma_host_remove("ctx", uctx->ctx_id, uctx->shm,
-			  sizeof(struct urdma_shm_ctx));
+err_host:
+	urdma_host_ctx_close(uctx);
 err_close:
 	close(uctx->vctx.context.async_fd);
 err_free:
@@ -317,15 +294,9 @@ err:
 int urdma_close_device(struct ibv_context *ctx)
 {
 	struct urdma_context *uctx = to_uctx(ctx);
-	char path[300];
 
+	urdma_host_ctx_close(uctx);
 	urdma_progress_del_ctx(uctx);
-	close(uctx->wake_fd);
-	snprintf(path, sizeof(path), "%s/ctx-%x.wake", urdma_proc.dir,
-		 uctx->ctx_id);
-	unlink(path);
-	urdma_host_remove("ctx", uctx->ctx_id, uctx->shm,
-			  sizeof(struct urdma_shm_ctx));
 	close(ctx->async_fd);
 	urdma_free(uctx->events);
 	urdma_free(uctx->mrs);

@@ -1,50 +1,103 @@
 // SPDX-License-Identifier: MIT
 /*
- * The host: the directory of shared objects and the peers (other urdma
- * contexts on this host) we talk to.  Registered memory and the window
- * tables through which peers are reached: core/backing.c.
+ * The host: how the urdma processes of one user on this host find each
+ * other, and the peers (other urdma contexts) we share memory with.
+ * Registered memory and the window tables: core/backing.c.
+ *
+ * Only processes of the same user share memory, and the kernel vouches for
+ * each step (a process of another user is reached over TCP instead, see
+ * transport/transport.c):
+ *  - the host directory is the user's own: /dev/shm/urdma-<euid> (or
+ *    URDMA_SHM_DIR), a directory owned by us that nobody else may write
+ *    (checked, never followed through a link, else shared memory is off).
+ *    Everything in it is opened relative to it, without following links,
+ *    without blocking, and checked for type and owner.
+ *  - each context listens on a Unix socket there, ctx-<id>.  A peer that
+ *    connects is checked with SO_PEERCRED (our effective uid, on both
+ *    sides) and gets, by SCM_RIGHTS, the context's MR table (a memfd sealed
+ *    read-only for everyone but us) and the identity memfd (sealed against
+ *    resizing, so no mapping of it can fault).  No path, pid or fd number
+ *    that a file names is ever opened: a process can only hand over what it
+ *    holds.
+ *  - a QP publishes qp-<qpn> (struct urdma_qp_rec): its context and where
+ *    its shared block is in that process's memfd.  A record is a hint: what
+ *    it leads to is checked (urdma_shm_qp_check) before use.
+ * The connection also carries wake-ups (a byte) and says when the peer is
+ * gone (hang-up: its process died or it closed the context), so staleness
+ * is certain: a ctx-<id> nobody listens on refuses connections, and the
+ * records naming it are stale too (urdma_host_sweep).
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
-#include <signal.h>
 
 #include "core/urdma.h"
 #include "util/alloc.h"
 #include "util/log.h"
 
+/* A peer context, reached over its socket (or ourselves: sock -1). */
+enum { PEER_CONNECTING, PEER_READY, PEER_FAILED };
 
 struct urdma_peer {
-	struct list_head node;
+	struct urdma_watcher w; /* the socket: the hello, then a hang-up */
+	struct list_head node;	/* in peers, under urdma_proc.lock */
 	uint32_t ctx_id;
 	pid_t pid;
-	int refcnt;
-	int pidfd;
+	int refcnt; /* under urdma_proc.lock */
+	int sock;
 	int memfd;
-	int wake_fd;
+	_Atomic int state;
 	_Atomic bool dead;
-	struct urdma_shm_ctx *shm;
-	pthread_mutex_t lock;
+	const struct urdma_shm_ctx *mrs; /* mapped read-only */
+	pthread_mutex_t lock;		 /* the hello, the windows */
 	struct urdma_wintab win;
 };
 
+/* Our side of a context: its socket, MR table and connected peers. */
+struct urdma_host_ctx {
+	struct urdma_watcher w; /* the listening socket */
+	struct list_head node;	/* in hctxs, under urdma_proc.lock */
+	int lfd;
+	int mrs_fd;
+	uint32_t ctx_id;
+	pthread_mutex_t lock; /* guests */
+	struct list_head guests;
+	int nguests;
+	bool closed;
+};
+
+/* A peer connected to one of our contexts; what it writes wakes us. */
+struct guest {
+	struct urdma_watcher w;
+	struct list_head node;
+	struct urdma_host_ctx *hc;
+	int fd;
+};
+
+#define MAX_GUESTS 4096 /* connections a context accepts at a time */
+#define HELLO_WAIT_MS 1000
+
 struct urdma_proc urdma_proc = {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
-	.contexts = LIST_HEAD_INIT(urdma_proc.contexts),
 	.memfd = -1,
+	.dirfd = -1,
 };
 
 static struct list_head peers = LIST_HEAD_INIT(peers);
+static struct list_head hctxs = LIST_HEAD_INIT(hctxs);
 static pthread_once_t host_once = PTHREAD_ONCE_INIT;
 static int host_err;
 
@@ -56,30 +109,68 @@ uint64_t urdma_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
 }
 
-
-
-/* Contexts, peers and the progress thread belong to the parent. */
+/* Contexts, peers and the progress thread belong to the parent; so do the
+ * sockets (closed, so that they tell the parent's peers nothing wrong). */
 static void host_atfork_child(void)
 {
-	list_init(&urdma_proc.contexts);
+	struct urdma_peer *p;
+
+	list_for_each_entry(p, &peers, node) {
+		if (p->sock >= 0) {
+			close(p->sock);
+			close(p->memfd);
+		}
+	}
+	list_init(&hctxs);
 	list_init(&peers);
 	pthread_mutex_init(&urdma_proc.lock, NULL);
 }
 
+/*
+ * Open the host directory: ours, and writable by nobody else.  A directory
+ * another user made (or a link to one) is refused: shared memory is then
+ * off for this process, and local peers are reached over TCP.
+ */
+static int host_dir_open(void)
+{
+	const char *env = getenv("URDMA_SHM_DIR");
+	uid_t uid = geteuid();
+	struct stat st;
+	int fd;
+
+	if (env && *env)
+		snprintf(urdma_proc.dir, sizeof(urdma_proc.dir), "%s", env);
+	else
+		snprintf(urdma_proc.dir, sizeof(urdma_proc.dir),
+			 "/dev/shm/urdma-%u", (unsigned)uid);
+	if (mkdir(urdma_proc.dir, 0700) && errno != EEXIST) {
+		urdma_warn("can't create %s: %m; shared memory is off",
+			   urdma_proc.dir);
+		return -errno;
+	}
+	fd = open(urdma_proc.dir,
+		  O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0) {
+		urdma_err("can't open %s: %m; shared memory is off",
+			  urdma_proc.dir);
+		return -errno;
+	}
+	if (fstat(fd, &st) || st.st_uid != uid || (st.st_mode & 022)) {
+		urdma_err("%s belongs to uid %u with mode %o, not to uid %u "
+			  "alone: shared memory is off (remove it, or set "
+			  "URDMA_SHM_DIR)",
+			  urdma_proc.dir, (unsigned)st.st_uid,
+			  (unsigned)(st.st_mode & 07777), (unsigned)uid);
+		close(fd);
+		return -EPERM;
+	}
+	return fd;
+}
+
 static void host_setup(void)
 {
-	const char *dir = getenv("URDMA_SHM_DIR");
-
 	urdma_log_init();
-	snprintf(urdma_proc.dir, sizeof(urdma_proc.dir), "%s",
-		 dir && *dir ? dir : "/dev/shm/urdma");
-	if (mkdir(urdma_proc.dir, 01777) == 0)
-		chmod(urdma_proc.dir, 01777); /* umask must not narrow it */
-	else if (errno != EEXIST) {
-		urdma_err("can't create %s: %m", urdma_proc.dir);
-		host_err = errno;
-		return;
-	}
+	urdma_proc.dirfd = host_dir_open();
 	pthread_atfork(NULL, NULL, urdma_backing_atfork_child);
 	pthread_atfork(NULL, NULL, host_atfork_child);
 }
@@ -90,273 +181,751 @@ int urdma_host_init(void)
 	return host_err;
 }
 
-static void host_path(char *buf, size_t len, const char *prefix, uint32_t id)
+bool urdma_host_shm_ok(void)
 {
-	snprintf(buf, len, "%s/%s-%x", urdma_proc.dir, prefix, id);
+	return urdma_proc.dirfd >= 0;
 }
 
-/* The owner pid of an object file, 0 if unknown yet. */
-static pid_t file_owner(const char *path, const char *prefix)
+/* A name in the host directory as a path for bind and connect (which have
+ * no *at form): through our directory fd, whatever the directory's path. */
+static socklen_t host_sun(struct sockaddr_un *sa, const char *name)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	union {
-		struct urdma_shm_qp qp;
-		struct {
-			uint32_t magic, version, ctx_id;
-			int32_t pid;
-		} ctx;
-	} u;
+	*sa = (struct sockaddr_un){ .sun_family = AF_UNIX };
+	snprintf(sa->sun_path, sizeof(sa->sun_path), "/proc/self/fd/%d/%s",
+		 urdma_proc.dirfd, name);
+	return sizeof(*sa);
+}
+
+/* Open a regular file of ours in the directory, not following links and
+ * never blocking (a FIFO planted there is refused, not waited on). */
+static int host_open_file(const char *name, int flags, struct stat *st)
+{
+	int fd = openat(urdma_proc.dirfd, name,
+			flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, st) || !S_ISREG(st->st_mode) ||
+	    st->st_uid != geteuid()) {
+		close(fd);
+		return -EPERM;
+	}
+	return fd;
+}
+
+/* ---- QP records ---- */
+
+int urdma_host_qp_publish(uint32_t qpn, uint32_t ctx_id, uint64_t va,
+			  uint64_t size)
+{
+	struct urdma_qp_rec rec = {
+		.magic = URDMA_SHM_MAGIC,
+		.version = URDMA_SHM_VERSION,
+		.qpn = qpn,
+		.ctx_id = ctx_id,
+		.va = va,
+		.size = size,
+	};
+	char tmp[64], name[32];
+	uint32_t r;
+	int fd, ret = 0;
+
+	if (!urdma_host_shm_ok())
+		return 0;
+	if (getrandom(&r, sizeof(r), 0) != sizeof(r))
+		r = (uint32_t)urdma_now_ns();
+	snprintf(tmp, sizeof(tmp), "tmp-%x-%x", (unsigned)getpid(), r);
+	snprintf(name, sizeof(name), "qp-%x", qpn);
+	fd = openat(urdma_proc.dirfd, tmp,
+		    O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	if (write(fd, &rec, sizeof(rec)) != sizeof(rec))
+		ret = -EIO;
+	close(fd);
+	/* Whole, or not there at all: a reader never sees half a record. */
+	if (!ret && renameat2(urdma_proc.dirfd, tmp, urdma_proc.dirfd, name,
+			      RENAME_NOREPLACE))
+		ret = -errno;
+	if (ret == -EEXIST && urdma_host_qp_stale(qpn)) {
+		urdma_dbg("removing stale %s", name);
+		unlinkat(urdma_proc.dirfd, name, 0);
+		if (!renameat2(urdma_proc.dirfd, tmp, urdma_proc.dirfd, name,
+			       RENAME_NOREPLACE))
+			ret = 0;
+	}
+	if (ret)
+		unlinkat(urdma_proc.dirfd, tmp, 0);
+	return ret;
+}
+
+void urdma_host_qp_unpublish(uint32_t qpn)
+{
+	char name[32];
+
+	if (!urdma_host_shm_ok())
+		return;
+	snprintf(name, sizeof(name), "qp-%x", qpn);
+	unlinkat(urdma_proc.dirfd, name, 0);
+}
+
+int urdma_host_qp_find(uint32_t qpn, struct urdma_qp_rec *rec)
+{
+	char name[32];
+	struct stat st;
+	int fd;
 	ssize_t n;
 
+	if (!urdma_host_shm_ok())
+		return -ENOENT;
+	snprintf(name, sizeof(name), "qp-%x", qpn);
+	fd = host_open_file(name, O_RDONLY, &st);
 	if (fd < 0)
-		return 0;
-	n = pread(fd, &u, sizeof(u), 0);
+		return fd == -ENOENT ? fd : -EPERM;
+	n = st.st_size == sizeof(*rec) ? pread(fd, rec, sizeof(*rec), 0) : -1;
 	close(fd);
-	if (n < 32)
-		return 0;
-	if (!strcmp(prefix, "qp"))
-		return u.qp.magic == URDMA_SHM_MAGIC ? u.qp.pid : 0;
-	return u.ctx.magic == URDMA_SHM_MAGIC ? u.ctx.pid : 0;
+	if (n != sizeof(*rec) || rec->magic != URDMA_SHM_MAGIC ||
+	    rec->version != URDMA_SHM_VERSION || rec->qpn != qpn)
+		return -EINVAL;
+	return 0;
 }
 
-static bool pid_dead(pid_t pid)
+/* ---- contexts: the socket, the MR table, the peers that connect ---- */
+
+static void guest_release(struct urdma_watcher *w)
 {
-	return pid > 0 && kill(pid, 0) < 0 && errno == ESRCH;
+	struct guest *g = (struct guest *)w;
+
+	close(g->fd);
+	urdma_free(g);
 }
 
-static bool file_stale(const char *path, const char *prefix)
+/* Under hc->lock. */
+static void guest_drop(struct guest *g)
 {
-	struct stat st;
-	pid_t pid = file_owner(path, prefix);
-
-	if (pid)
-		return pid_dead(pid);
-	/* Never initialised: stale once it is old. */
-	return stat(path, &st) == 0 && time(NULL) - st.st_mtime > 60;
+	list_del(&g->node);
+	g->hc->nguests--;
+	urdma_progress_retire(g->fd, &g->w);
 }
 
-int urdma_host_create(const char *prefix, uint32_t *id, uint32_t id_mask,
-		      size_t size, void **map)
+/* A byte from a peer: a wake-up, which the progress thread's pass after
+ * this batch acts on.  A hang-up: the peer let go of us. */
+static void guest_cb(struct urdma_watcher *w, uint32_t events)
 {
-	char path[300];
-	int fd = -1;
+	struct guest *g = (struct guest *)w;
+	char buf[64];
 
-	/* id_mask 0: exactly *id, once. */
-	for (int tries = 0; tries < (id_mask ? 1000 : 1); tries++) {
-		uint32_t r = *id;
+	for (int i = 0; i < 64; i++) /* the rest on the next event */
+		if (recv(g->fd, buf, sizeof(buf), MSG_DONTWAIT) <= 0)
+			break;
+	if (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) {
+		pthread_mutex_lock(&g->hc->lock);
+		if (!g->hc->closed)
+			guest_drop(g);
+		pthread_mutex_unlock(&g->hc->lock);
+	}
+}
 
-		if (id_mask && getrandom(&r, sizeof(r), 0) != sizeof(r))
+/* Check a connected Unix socket's other end: our own effective uid. */
+static bool peer_is_us(int fd, pid_t *pid)
+{
+	struct ucred cr;
+	socklen_t len = sizeof(cr);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) ||
+	    cr.uid != geteuid())
+		return false;
+	*pid = cr.pid;
+	return true;
+}
+
+static int send_hello(struct urdma_host_ctx *hc, int fd)
+{
+	struct urdma_hello h = {
+		.magic = URDMA_SHM_MAGIC,
+		.version = URDMA_SHM_VERSION,
+		.ctx_id = hc->ctx_id,
+		.nfds = URDMA_HELLO_FDS,
+	};
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * URDMA_HELLO_FDS)];
+		struct cmsghdr align;
+	} u = { 0 };
+	struct iovec iov = { .iov_base = &h, .iov_len = sizeof(h) };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1,
+			    .msg_control = u.buf,
+			    .msg_controllen = sizeof(u.buf) };
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	int fds[URDMA_HELLO_FDS] = { hc->mrs_fd, urdma_proc.memfd };
+
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(fds));
+	memcpy(CMSG_DATA(c), fds, sizeof(fds));
+	return sendmsg(fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL) == sizeof(h) ? 0 :
+									  -errno;
+}
+
+static void listener_cb(struct urdma_watcher *w, uint32_t events)
+{
+	struct urdma_host_ctx *hc = (struct urdma_host_ctx *)w;
+	static _Atomic bool warned;
+
+	for (;;) {
+		struct guest *g;
+		pid_t pid;
+		int fd = accept4(hc->lfd, NULL, NULL,
+				 SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+		if (fd < 0)
+			return;
+		if (!peer_is_us(fd, &pid)) {
+			/* Only possible with the directory's permissions
+			 * changed under us: nothing is handed over. */
+			if (!atomic_exchange(&warned, true))
+				urdma_warn("context %x: refused a connection "
+					   "from another user", hc->ctx_id);
+			close(fd);
+			continue;
+		}
+		g = urdma_zalloc(sizeof(*g));
+		pthread_mutex_lock(&hc->lock);
+		if (!g || hc->closed || hc->nguests >= MAX_GUESTS ||
+		    send_hello(hc, fd)) {
+			pthread_mutex_unlock(&hc->lock);
+			if (g && hc->nguests >= MAX_GUESTS)
+				urdma_warn("context %x: %d peers connected, "
+					   "refusing process %d",
+					   hc->ctx_id, MAX_GUESTS, (int)pid);
+			urdma_free(g);
+			close(fd);
+			continue;
+		}
+		g->w.fn = guest_cb;
+		g->w.release = guest_release;
+		g->hc = hc;
+		g->fd = fd;
+		list_add_tail(&g->node, &hc->guests);
+		hc->nguests++;
+		if (urdma_progress_watch_events(fd, EPOLLIN | EPOLLRDHUP,
+						URDMA_WATCH_FN, &g->w, false))
+			guest_drop(g);
+		pthread_mutex_unlock(&hc->lock);
+	}
+}
+
+static void hctx_release(struct urdma_watcher *w)
+{
+	struct urdma_host_ctx *hc = (struct urdma_host_ctx *)w;
+
+	if (hc->lfd >= 0)
+		close(hc->lfd);
+	pthread_mutex_destroy(&hc->lock);
+	urdma_free(hc);
+}
+
+/* The MR table: a memfd that we map writable, then seal so that nobody
+ * can map it writable again (peers get it read-only) or resize it. */
+static int mrs_create(struct urdma_context *uctx, int *fdp)
+{
+	int fd = memfd_create("urdma-mrs", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	void *p;
+
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, sizeof(struct urdma_shm_ctx)))
+		goto err;
+	p = mmap(NULL, sizeof(struct urdma_shm_ctx), PROT_READ | PROT_WRITE,
+		 MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		goto err;
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW |
+				       F_SEAL_FUTURE_WRITE | F_SEAL_SEAL)) {
+		munmap(p, sizeof(struct urdma_shm_ctx));
+		goto err;
+	}
+	uctx->shm = p;
+	*fdp = fd;
+	return 0;
+err:
+	close(fd);
+	return -errno;
+}
+
+/* Listen on ctx-<id>, for a fresh random id: bound under a temporary name
+ * and renamed when it listens, so a ctx-<id> that refuses connections is
+ * certainly stale. */
+static int hctx_listen(struct urdma_host_ctx *hc, uint32_t *id)
+{
+	struct sockaddr_un sa;
+	char tmp[64], name[32];
+
+	for (int tries = 0; tries < 64; tries++) {
+		uint32_t r;
+
+		if (getrandom(&r, sizeof(r), 0) != sizeof(r))
 			r = (uint32_t)urdma_now_ns() * 2654435761u;
-		if (id_mask)
-			r &= id_mask;
+		r &= 0x7fffffff;
 		if (r < 2)
 			continue;
-		host_path(path, sizeof(path), prefix, r);
-		fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-		if (fd >= 0) {
-			*id = r;
-			break;
+		snprintf(tmp, sizeof(tmp), "tmp-%x-%x", (unsigned)getpid(), r);
+		snprintf(name, sizeof(name), "ctx-%x", r);
+		hc->lfd = socket(AF_UNIX,
+				 SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC,
+				 0);
+		if (hc->lfd < 0)
+			return -errno;
+		if (bind(hc->lfd, (struct sockaddr *)&sa, host_sun(&sa, tmp)) ||
+		    listen(hc->lfd, 128)) {
+			int err = -errno;
+
+			close(hc->lfd);
+			unlinkat(urdma_proc.dirfd, tmp, 0);
+			return err;
 		}
+		if (!renameat2(urdma_proc.dirfd, tmp, urdma_proc.dirfd, name,
+			       RENAME_NOREPLACE)) {
+			*id = r;
+			return 0;
+		}
+		unlinkat(urdma_proc.dirfd, tmp, 0);
+		close(hc->lfd);
+		hc->lfd = -1;
 		if (errno != EEXIST)
 			return -errno;
-		if (file_stale(path, prefix)) {
-			urdma_dbg("removing stale %s", path);
-			unlink(path);
+	}
+	return -EAGAIN;
+}
+
+int urdma_host_ctx_open(struct urdma_context *uctx)
+{
+	struct urdma_host_ctx *hc = urdma_zalloc(sizeof(*hc));
+	int ret, memfd = urdma_memfd();
+
+	if (!hc)
+		return -ENOMEM;
+	if (memfd < 0) {
+		urdma_free(hc);
+		return memfd;
+	}
+	hc->lfd = -1;
+	pthread_mutex_init(&hc->lock, NULL);
+	list_init(&hc->guests);
+	hc->w.fn = listener_cb;
+	hc->w.release = hctx_release;
+	ret = mrs_create(uctx, &hc->mrs_fd);
+	if (ret)
+		goto err_free;
+	if (urdma_host_shm_ok()) {
+		ret = hctx_listen(hc, &uctx->ctx_id);
+		if (ret) {
+			urdma_warn("can't listen in %s: %s; shared memory is "
+				   "off for this context", urdma_proc.dir,
+				   strerror(-ret));
+			hc->lfd = -1;
 		}
 	}
-	if (fd < 0)
-		return -EAGAIN;
-	if (ftruncate(fd, size) < 0)
-		goto err_unlink;
-	*map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (*map == MAP_FAILED)
-		goto err_unlink;
-	close(fd);
+	if (hc->lfd < 0) {
+		/* Named nowhere: any id but 0 and 1 does. */
+		if (getrandom(&uctx->ctx_id, 4, 0) != 4)
+			uctx->ctx_id = (uint32_t)urdma_now_ns();
+		uctx->ctx_id = (uctx->ctx_id & 0x7fffffff) | 2;
+	}
+	hc->ctx_id = uctx->ctx_id;
+	*uctx->shm = (struct urdma_shm_ctx){ .version = URDMA_SHM_VERSION,
+					     .ctx_id = uctx->ctx_id };
+	__atomic_store_n(&uctx->shm->magic, URDMA_SHM_MAGIC, __ATOMIC_RELEASE);
+	uctx->host = hc;
+	pthread_mutex_lock(&urdma_proc.lock);
+	list_add_tail(&hc->node, &hctxs);
+	pthread_mutex_unlock(&urdma_proc.lock);
 	return 0;
 
-err_unlink: {
-	int err = errno;
-
-	unlink(path);
-	close(fd);
-	return -err;
-}
+err_free:
+	pthread_mutex_destroy(&hc->lock);
+	urdma_free(hc);
+	return ret;
 }
 
-void urdma_host_remove(const char *prefix, uint32_t id, void *map,
-		       size_t size)
+/* Called once the progress thread runs (urdma_progress_add_ctx). */
+int urdma_host_ctx_start(struct urdma_context *uctx)
 {
-	char path[300];
+	struct urdma_host_ctx *hc = uctx->host;
 
-	host_path(path, sizeof(path), prefix, id);
-	unlink(path);
-	if (map)
-		munmap(map, size);
+	if (hc->lfd < 0)
+		return 0;
+	return urdma_progress_watch(hc->lfd, URDMA_WATCH_FN, &hc->w);
 }
 
-void *urdma_host_open(const char *prefix, uint32_t id, size_t *size)
+void urdma_host_ctx_close(struct urdma_context *uctx)
 {
-	char path[300];
-	struct stat st;
-	void *map;
-	int fd;
+	struct urdma_host_ctx *hc = uctx->host;
+	struct urdma_peer *p;
+	struct guest *g, *n;
+	char name[32];
 
-	host_path(path, sizeof(path), prefix, id);
-	fd = open(path, O_RDWR | O_CLOEXEC);
-	if (fd < 0)
-		return NULL;
-	if (fstat(fd, &st) < 0 || st.st_size < 64) {
-		close(fd);
-		errno = ENOENT;
-		return NULL;
+	if (!hc)
+		return;
+	pthread_mutex_lock(&urdma_proc.lock);
+	list_del(&hc->node);
+	/* QPs of ours connected to this context see it go, as others do
+	 * when the socket hangs up. */
+	list_for_each_entry(p, &peers, node)
+		if (p->sock < 0 && p->ctx_id == hc->ctx_id)
+			atomic_store(&p->dead, true);
+	pthread_mutex_unlock(&urdma_proc.lock);
+	if (hc->lfd >= 0) {
+		snprintf(name, sizeof(name), "ctx-%x", hc->ctx_id);
+		unlinkat(urdma_proc.dirfd, name, 0);
 	}
-	map = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-		   0);
-	close(fd);
-	if (map == MAP_FAILED)
-		return NULL;
-	*size = st.st_size;
-	return map;
+	pthread_mutex_lock(&hc->lock);
+	hc->closed = true;
+	list_for_each_entry_safe(g, n, &hc->guests, node)
+		guest_drop(g);
+	pthread_mutex_unlock(&hc->lock);
+	close(hc->mrs_fd);
+	munmap(uctx->shm, sizeof(*uctx->shm));
+	uctx->shm = NULL;
+	uctx->host = NULL;
+	urdma_progress_retire(hc->lfd, &hc->w);
 }
 
-/* Remove the objects of processes that died without cleaning up. */
+/* ---- sweeping ---- */
+
+/* Does anyone listen on ctx-<id>?  -1: no, certainly (stale); 0: yes, or
+ * it can't be told. */
+static int ctx_alive(uint32_t ctx_id)
+{
+	struct sockaddr_un sa;
+	char name[32];
+	struct stat st;
+	int fd, ret;
+
+	snprintf(name, sizeof(name), "ctx-%x", ctx_id);
+	if (fstatat(urdma_proc.dirfd, name, &st, AT_SYMLINK_NOFOLLOW))
+		return errno == ENOENT ? -1 : 0;
+	if (!S_ISSOCK(st.st_mode) || st.st_uid != geteuid())
+		return 0;
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return 0;
+	ret = connect(fd, (struct sockaddr *)&sa, host_sun(&sa, name)) &&
+			      errno == ECONNREFUSED ?
+		      -1 :
+		      0;
+	close(fd);
+	return ret;
+}
+
+bool urdma_host_qp_stale(uint32_t qpn)
+{
+	struct urdma_qp_rec rec;
+	int ret = urdma_host_qp_find(qpn, &rec);
+
+	if (ret == -ENOENT)
+		return false;
+	return ret == -EINVAL || ctx_alive(rec.ctx_id) < 0;
+}
+
+/* Remove what processes left behind: sockets nobody listens on, records
+ * of those contexts, temporary names older than a minute.  Only names of
+ * ours; anything else there is left alone. */
 void urdma_host_sweep(void)
 {
-	DIR *d = opendir(urdma_proc.dir);
+	int fd = urdma_host_shm_ok() ? dup(urdma_proc.dirfd) : -1;
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
 	struct dirent *e;
-	char path[600];
 
-	while (d && (e = readdir(d))) {
-		const char *prefix;
-		unsigned int id;
-		char tail[8] = "";
-
-		if (sscanf(e->d_name, "ctx-%x%7s", &id, tail) >= 1)
-			prefix = "ctx";
-		else if (sscanf(e->d_name, "qp-%x", &id) == 1)
-			prefix = "qp";
-		else
-			continue;
-		if (tail[0])
-			continue; /* the .wake FIFO goes with its ctx */
-		snprintf(path, sizeof(path), "%s/%s", urdma_proc.dir,
-			 e->d_name);
-		if (!file_stale(path, prefix))
-			continue;
-		urdma_dbg("removing stale %s", path);
-		unlink(path);
-		if (prefix[0] == 'c') {
-			snprintf(path, sizeof(path), "%s/%s.wake",
-				 urdma_proc.dir, e->d_name);
-			unlink(path);
-		}
+	if (!d) {
+		if (fd >= 0)
+			close(fd);
+		return;
 	}
-	if (d)
-		closedir(d);
+	while ((e = readdir(d))) {
+		unsigned int id;
+		char tail[2];
+		struct stat st;
+		bool stale = false;
+
+		if (fstatat(urdma_proc.dirfd, e->d_name, &st,
+			    AT_SYMLINK_NOFOLLOW) ||
+		    st.st_uid != geteuid())
+			continue;
+		if (sscanf(e->d_name, "ctx-%x%1s", &id, tail) == 1)
+			stale = S_ISSOCK(st.st_mode) && ctx_alive(id) < 0;
+		else if (sscanf(e->d_name, "qp-%x%1s", &id, tail) == 1)
+			stale = S_ISREG(st.st_mode) && urdma_host_qp_stale(id);
+		else if (!strncmp(e->d_name, "tmp-", 4))
+			stale = time(NULL) - st.st_mtime > 60;
+		if (!stale)
+			continue;
+		urdma_dbg("removing stale %s/%s", urdma_proc.dir, e->d_name);
+		unlinkat(urdma_proc.dirfd, e->d_name, 0);
+	}
+	closedir(d);
 }
-
-
 
 /* ---- peers ---- */
 
-static int peer_open_memfd(struct urdma_peer *p)
+/* One of our own contexts, under urdma_proc.lock. */
+static struct urdma_host_ctx *own_context(uint32_t ctx_id)
 {
-	char path[64];
-	struct stat st;
-	int fd;
+	struct urdma_host_ctx *hc;
 
-	if (p->memfd >= 0)
-		return 0;
-	if (p->shm->memfd < 0)
-		return -ENOENT;
-	if (p->pid == getpid()) {
-		fd = dup(p->shm->memfd);
-	} else {
-		snprintf(path, sizeof(path), "/proc/%d/fd/%d", p->pid,
-			 p->shm->memfd);
-		fd = open(path, O_RDWR | O_CLOEXEC);
-	}
-	if (fd < 0) {
-		urdma_warn("can't open the memory of process %d: %m", p->pid);
-		return -errno;
-	}
-	if (fstat(fd, &st) < 0 || st.st_ino != p->shm->memfd_ino) {
-		urdma_warn("process %d: memfd changed under us", p->pid);
-		close(fd);
-		return -ESTALE;
-	}
-	p->memfd = fd;
-	return 0;
+	list_for_each_entry(hc, &hctxs, node)
+		if (hc->ctx_id == ctx_id)
+			return hc;
+	return NULL;
 }
 
-static void peer_free(struct urdma_peer *p)
+static int peer_wait_locked(struct urdma_peer *p, int timeout_ms);
+
+static void peer_release(struct urdma_watcher *w)
 {
-	if (p->pidfd >= 0) {
-		urdma_progress_unwatch(p->pidfd);
-		close(p->pidfd);
-	}
+	struct urdma_peer *p = (struct urdma_peer *)w;
+
 	urdma_wintab_release(&p->win);
-	if (p->memfd >= 0)
-		close(p->memfd);
-	if (p->wake_fd >= 0)
-		close(p->wake_fd);
-	if (p->shm)
-		munmap(p->shm, sizeof(*p->shm));
+	if (p->sock >= 0) {
+		close(p->sock);
+		if (p->memfd >= 0)
+			close(p->memfd);
+	}
+	if (p->mrs)
+		munmap((void *)p->mrs, sizeof(*p->mrs));
 	pthread_mutex_destroy(&p->lock);
 	urdma_free(p);
 }
 
-struct urdma_peer *urdma_peer_get(uint32_t ctx_id, int32_t pid)
+/* The socket: the hello when it comes (if nobody waits for it), then a
+ * hang-up when the peer goes.  Progress thread. */
+static void peer_cb(struct urdma_watcher *w, uint32_t events)
 {
+	struct urdma_peer *p = (struct urdma_peer *)w;
+
+	int state = atomic_load(&p->state);
+
+	if (state == PEER_CONNECTING && !pthread_mutex_trylock(&p->lock)) {
+		peer_wait_locked(p, 0);
+		pthread_mutex_unlock(&p->lock);
+	} else if (state == PEER_READY) {
+		char buf[64];
+
+		/* A peer sends nothing after its hello: drop it. */
+		for (int i = 0; i < 64; i++)
+			if (recv(p->sock, buf, sizeof(buf), MSG_DONTWAIT) <= 0)
+				break;
+	}
+	if (state == PEER_FAILED ||
+	    (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR))) {
+		urdma_dbg("peer context %x (process %d) is gone", p->ctx_id,
+			  (int)p->pid);
+		atomic_store(&p->dead, true);
+		urdma_progress_unwatch(p->sock);
+	}
+}
+
+static int fd_sealed(int fd, uint64_t size)
+{
+	int seals = fcntl(fd, F_GET_SEALS);
+	struct stat st;
+
+	if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
+				 (F_SEAL_SHRINK | F_SEAL_GROW) ||
+	    fstat(fd, &st) || (uint64_t)st.st_size != size)
+		return -EPROTO;
+	return 0;
+}
+
+/* Take the hello: check it and the two fds, map the MR table.  Under
+ * p->lock.  0, -EAGAIN (not there yet), or another -errno (failed). */
+static int peer_hello(struct urdma_peer *p)
+{
+	struct urdma_hello h;
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * (URDMA_HELLO_FDS + 4))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = { .iov_base = &h, .iov_len = sizeof(h) };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1,
+			    .msg_control = u.buf,
+			    .msg_controllen = sizeof(u.buf) };
+	int fds[URDMA_HELLO_FDS + 4], nfds = 0, ret = 0;
+	const struct urdma_shm_ctx *mrs;
+	ssize_t n;
+
+	n = recvmsg(p->sock, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return -EAGAIN;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); n >= 0 && c;
+	     c = CMSG_NXTHDR(&m, c)) {
+		size_t k;
+
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		if (nfds + k > URDMA_HELLO_FDS + 4)
+			k = URDMA_HELLO_FDS + 4 - nfds;
+		memcpy(fds + nfds, CMSG_DATA(c), k * sizeof(int));
+		nfds += k;
+	}
+	if (n != sizeof(h) || (m.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) ||
+	    h.magic != URDMA_SHM_MAGIC || h.version != URDMA_SHM_VERSION ||
+	    h.ctx_id != p->ctx_id || h.nfds != URDMA_HELLO_FDS ||
+	    nfds != URDMA_HELLO_FDS) {
+		ret = n < 0 ? -errno : -EPROTO;
+		goto out;
+	}
+	ret = fd_sealed(fds[0], sizeof(*mrs));
+	if (!ret)
+		ret = fd_sealed(fds[1], 1ULL << URDMA_VA_BITS);
+	if (ret)
+		goto out;
+	mrs = mmap(NULL, sizeof(*mrs), PROT_READ, MAP_SHARED, fds[0], 0);
+	if (mrs == MAP_FAILED) {
+		ret = -errno;
+		goto out;
+	}
+	if (mrs->magic != URDMA_SHM_MAGIC || mrs->version != URDMA_SHM_VERSION ||
+	    mrs->ctx_id != p->ctx_id) {
+		munmap((void *)mrs, sizeof(*mrs));
+		ret = -EPROTO;
+		goto out;
+	}
+	p->mrs = mrs;
+	p->memfd = fds[1];
+	nfds = 1; /* fds[0] is closed below; the mapping stays */
+	atomic_store(&p->state, PEER_READY);
+out:
+	for (int i = 0; i < nfds; i++)
+		close(fds[i]);
+	if (ret && ret != -EAGAIN) {
+		urdma_warn("peer context %x (process %d): bad hello: %s",
+			   p->ctx_id, (int)p->pid, strerror(-ret));
+		atomic_store(&p->state, PEER_FAILED);
+	}
+	return ret;
+}
+
+static int peer_wait_locked(struct urdma_peer *p, int timeout_ms)
+{
+	uint64_t end = urdma_now_ns() + (uint64_t)timeout_ms * 1000000;
+	int ret;
+
+	switch (atomic_load_explicit(&p->state, memory_order_acquire)) {
+	case PEER_READY:
+		return 0;
+	case PEER_FAILED:
+		return -ECONNREFUSED;
+	}
+	for (;;) {
+		struct pollfd pf = { .fd = p->sock, .events = POLLIN };
+		int64_t left = (int64_t)(end - urdma_now_ns());
+
+		ret = peer_hello(p);
+		if (ret != -EAGAIN || left <= 0)
+			return ret;
+		poll(&pf, 1, (int)(left / 1000000) + 1);
+	}
+}
+
+/* Wait up to timeout_ms for the peer's hello: 0 ready, -EAGAIN not yet,
+ * another -errno if it failed. */
+int urdma_peer_wait(struct urdma_peer *p, int timeout_ms)
+{
+	int ret;
+
+	if (urdma_peer_ready(p))
+		return 0;
+	pthread_mutex_lock(&p->lock);
+	ret = peer_wait_locked(p, timeout_ms);
+	pthread_mutex_unlock(&p->lock);
+	return ret;
+}
+
+/* Connect to ctx-<id>: a socket of ours, listened on by our own user. */
+static int peer_connect(struct urdma_peer *p)
+{
+	struct sockaddr_un sa;
+	char name[32];
+	struct stat st;
+
+	snprintf(name, sizeof(name), "ctx-%x", p->ctx_id);
+	if (fstatat(urdma_proc.dirfd, name, &st, AT_SYMLINK_NOFOLLOW))
+		return -errno;
+	if (!S_ISSOCK(st.st_mode) || st.st_uid != geteuid())
+		return -EPERM;
+	p->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC,
+			 0);
+	if (p->sock < 0)
+		return -errno;
+	if (connect(p->sock, (struct sockaddr *)&sa, host_sun(&sa, name)))
+		return -errno;
+	if (!peer_is_us(p->sock, &p->pid))
+		return -EPERM;
+	return 0;
+}
+
+struct urdma_peer *urdma_peer_get(uint32_t ctx_id)
+{
+	struct urdma_host_ctx *own;
 	struct urdma_peer *p;
-	size_t size;
+	int ret;
 
 	pthread_mutex_lock(&urdma_proc.lock);
 	list_for_each_entry(p, &peers, node) {
-		if (p->ctx_id == ctx_id && p->pid == pid && !p->dead) {
+		if (p->ctx_id == ctx_id && !atomic_load(&p->dead) &&
+		    atomic_load(&p->state) != PEER_FAILED) {
 			p->refcnt++;
 			pthread_mutex_unlock(&urdma_proc.lock);
 			return p;
 		}
 	}
 	p = urdma_zalloc(sizeof(*p));
-	if (!p)
-		goto err_unlock;
-	p->ctx_id = ctx_id;
-	p->pid = pid;
-	p->refcnt = 1;
-	p->pidfd = p->memfd = p->wake_fd = -1;
-	pthread_mutex_init(&p->lock, NULL);
-	p->shm = urdma_host_open("ctx", ctx_id, &size);
-	if (!p->shm || size != sizeof(*p->shm) ||
-	    p->shm->magic != URDMA_SHM_MAGIC ||
-	    p->shm->version != URDMA_SHM_VERSION || p->shm->pid != pid) {
-		if (p->shm && size != sizeof(*p->shm)) {
-			munmap(p->shm, size);
-			p->shm = NULL;
-		}
-		urdma_warn("peer context %x of process %d is not usable",
-			   ctx_id, pid);
-		errno = ENOENT;
-		goto err_free;
+	if (!p) {
+		pthread_mutex_unlock(&urdma_proc.lock);
+		return NULL;
 	}
-	p->pidfd = syscall(SYS_pidfd_open, pid, 0);
-	if (p->pidfd < 0 || pid_dead(pid)) {
-		urdma_warn("peer process %d is gone", pid);
-		errno = ESRCH;
-		goto err_free;
+	p->ctx_id = ctx_id;
+	p->refcnt = 1;
+	p->sock = p->memfd = -1;
+	p->w.fn = peer_cb;
+	p->w.release = peer_release;
+	pthread_mutex_init(&p->lock, NULL);
+	own = own_context(ctx_id);
+	if (own) {
+		/* One of our own contexts: no socket, our own memory; its MR
+		 * table mapped again, so that it outlives the context. */
+		p->pid = getpid();
+		p->mrs = mmap(NULL, sizeof(*p->mrs), PROT_READ, MAP_SHARED,
+			      own->mrs_fd, 0);
+		if (p->mrs == MAP_FAILED) {
+			ret = errno;
+			p->mrs = NULL;
+			pthread_mutex_unlock(&urdma_proc.lock);
+			peer_release(&p->w);
+			errno = ret;
+			return NULL;
+		}
+		p->memfd = urdma_proc.memfd;
+		atomic_store(&p->state, PEER_READY);
+	} else {
+		ret = peer_connect(p);
+		if (ret) {
+			urdma_info("can't reach context %x on this host: %s",
+				   ctx_id, strerror(-ret));
+			pthread_mutex_unlock(&urdma_proc.lock);
+			peer_release(&p->w);
+			errno = -ret;
+			return NULL;
+		}
 	}
 	list_add_tail(&p->node, &peers);
 	pthread_mutex_unlock(&urdma_proc.lock);
-	if (pid != getpid())
-		urdma_progress_watch(p->pidfd, URDMA_WATCH_PEER, p);
+	if (p->sock >= 0 &&
+	    urdma_progress_watch_events(p->sock, EPOLLIN | EPOLLRDHUP,
+					URDMA_WATCH_FN, &p->w, false))
+		atomic_store(&p->dead, true);
 	return p;
-
-err_free:
-	peer_free(p);
-err_unlock:
-	pthread_mutex_unlock(&urdma_proc.lock);
-	return NULL;
 }
 
 void urdma_peer_put(struct urdma_peer *p)
@@ -370,8 +939,34 @@ void urdma_peer_put(struct urdma_peer *p)
 	if (last)
 		list_del(&p->node);
 	pthread_mutex_unlock(&urdma_proc.lock);
-	if (last)
-		peer_free(p);
+	if (!last)
+		return;
+	/* Freed by the progress thread between batches: an event already
+	 * fetched may name it, and its own passes may be reading it. */
+	urdma_progress_retire(p->sock, &p->w);
+}
+
+struct urdma_peer *urdma_peer_ref(struct urdma_peer *const *slot)
+{
+	struct urdma_peer *p;
+
+	pthread_mutex_lock(&urdma_proc.lock);
+	p = *slot;
+	if (p)
+		p->refcnt++;
+	pthread_mutex_unlock(&urdma_proc.lock);
+	return p;
+}
+
+void urdma_peer_set(struct urdma_peer **slot, struct urdma_peer *p)
+{
+	struct urdma_peer *old;
+
+	pthread_mutex_lock(&urdma_proc.lock);
+	old = *slot;
+	*slot = p;
+	pthread_mutex_unlock(&urdma_proc.lock);
+	urdma_peer_put(old);
 }
 
 bool urdma_peer_dead(struct urdma_peer *p)
@@ -379,35 +974,28 @@ bool urdma_peer_dead(struct urdma_peer *p)
 	return atomic_load_explicit(&p->dead, memory_order_relaxed);
 }
 
-void urdma_peer_mark_dead(struct urdma_peer *p)
+bool urdma_peer_ready(struct urdma_peer *p)
 {
-	atomic_store(&p->dead, true);
+	return atomic_load_explicit(&p->state, memory_order_acquire) ==
+	       PEER_READY;
+}
+
+pid_t urdma_peer_pid(struct urdma_peer *p)
+{
+	return p->pid;
 }
 
 int urdma_peer_wake(struct urdma_peer *p)
 {
-	char c = 0, path[300];
-	int fd = __atomic_load_n(&p->wake_fd, __ATOMIC_ACQUIRE);
+	char c = 0;
 
-	if (fd < 0) {
-		snprintf(path, sizeof(path), "%s/ctx-%x.wake", urdma_proc.dir,
-			 p->ctx_id);
-		/* Read-write: with a reader of our own the FIFO never
-		 * raises SIGPIPE (nor EPIPE) once its owner has died; what
-		 * we write then fills it, and EAGAIN follows. */
-		fd = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
-		if (fd < 0)
-			return -errno;
-		int expected = -1;
-		if (!__atomic_compare_exchange_n(&p->wake_fd, &expected, fd,
-						 false, __ATOMIC_ACQ_REL,
-						 __ATOMIC_ACQUIRE)) {
-			close(fd);
-			fd = expected;
-		}
+	if (p->sock < 0) {
+		urdma_progress_kick();
+		return 0;
 	}
-	/* EAGAIN: the FIFO is full, so a wake-up is pending anyway. */
-	if (write(fd, &c, 1) < 0 && errno != EAGAIN)
+	/* EAGAIN: the owner has bytes to read, so a wake-up is pending. */
+	if (send(p->sock, &c, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 &&
+	    errno != EAGAIN)
 		return -errno;
 	return 0;
 }
@@ -443,20 +1031,14 @@ int urdma_mr_lookup(const struct urdma_shm_ctx *shm, uint32_t key,
 
 const struct urdma_shm_ctx *urdma_peer_shm(struct urdma_peer *p)
 {
-	return p->shm;
+	return p->mrs;
 }
 
 void *urdma_peer_ptr(struct urdma_peer *p, uint64_t va, uint64_t *avail)
 {
-	if (p->memfd < 0) {
-		pthread_mutex_lock(&p->lock);
-		peer_open_memfd(p);
-		pthread_mutex_unlock(&p->lock);
-	}
+	if (p->sock < 0)
+		return urdma_self_ptr(va, avail);
+	if (!urdma_peer_ready(p))
+		return NULL;
 	return urdma_wintab_ptr(&p->win, &p->lock, p->memfd, va, avail);
-}
-
-int urdma_peer_pidfd(struct urdma_peer *p)
-{
-	return p->pidfd;
 }

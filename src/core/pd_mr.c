@@ -123,12 +123,6 @@ struct ibv_mr *urdma_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length,
 		errno = ret;
 		return NULL;
 	}
-	if (uctx->shm->memfd < 0) {
-		/* Peers may open our memory from now on. */
-		uctx->shm->memfd_ino = urdma_proc.memfd_ino;
-		__atomic_store_n(&uctx->shm->memfd, urdma_proc.memfd,
-				 __ATOMIC_RELEASE);
-	}
 	mr = urdma_zalloc(sizeof(*mr));
 	if (!mr) {
 		errno = ENOMEM;

@@ -3,9 +3,10 @@
  * The progress thread: one per process, asleep in epoll_wait unless there
  * is work.  It is never on the data path of a polling application; it does
  * what nobody else would do while the application sleeps or computes:
- *  - peers wake it (through the context's FIFO) to fire armed CQs, to put
- *    a QP in error, or because a receive it waited for was posted;
- *  - a peer process's pidfd tells it the peer died: its QPs go to error;
+ *  - peers wake it (a byte on their connection to the context's socket,
+ *    core/host.c) to fire armed CQs, to put a QP in error, or because a
+ *    receive it waited for was posted;
+ *  - a peer's connection hangs up when the peer goes: its QPs go to error;
  *  - with send WRs waiting (RNR, peer not ready), a short timer retries
  *    them and enforces the retry limits;
  *  - a transport asks for a pass by a given time (urdma_progress_by): to
@@ -175,26 +176,15 @@ static void *progress_main(void *arg)
 		for (int i = 0; i < n; i++) {
 			uint64_t d = evs[i].data.u64;
 			void *obj = (void *)(uintptr_t)(d & ~KIND_BITS);
-			char buf[256];
 
 			if (!obj) { /* the kick eventfd */
 				uint64_t v;
 				if (read(kickfd, &v, sizeof(v)) < 0)
 					continue;
-			} else if ((d & KIND_BITS) == URDMA_WATCH_FN) {
+			} else {
 				struct urdma_watcher *w = obj;
 
 				w->fn(w, evs[i].events);
-			} else if ((d & KIND_BITS) == URDMA_WATCH_PEER) {
-				struct urdma_peer *p = obj;
-
-				urdma_peer_mark_dead(p);
-				urdma_progress_unwatch(urdma_peer_pidfd(p));
-			} else {
-				struct urdma_context *uctx = obj;
-
-				while (read(uctx->wake_fd, buf, sizeof(buf)) > 0)
-					;
 			}
 		}
 		release_retired();
@@ -276,7 +266,7 @@ int urdma_progress_add_ctx(struct urdma_context *uctx)
 		running = true;
 	}
 	list_add_tail(&uctx->node, &ctxs);
-	ret = urdma_progress_watch(uctx->wake_fd, URDMA_WATCH_CTX, uctx);
+	ret = urdma_host_ctx_start(uctx);
 	if (ret)
 		list_del(&uctx->node);
 out:
@@ -296,7 +286,6 @@ void urdma_progress_del_ctx(struct urdma_context *uctx)
 	bool last;
 
 	pthread_mutex_lock(&ctx_lock);
-	urdma_progress_unwatch(uctx->wake_fd);
 	list_del(&uctx->node);
 	last = list_empty(&ctxs) && running;
 	pthread_mutex_unlock(&ctx_lock);

@@ -18,12 +18,17 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "core/urdma.h"
 #include "transport/transport.h"
 #include "util/alloc.h"
 #include "util/log.h"
+
+/* How long destroying or resetting a QP waits for a deliverer to leave its
+ * receive queue (one copy; a stopped peer would hold it for ever). */
+#define RQ_WAIT_NS 1000000000ull
 
 static const char *const qp_state_names[] = {
 	[IBV_QPS_RESET] = "RESET", [IBV_QPS_INIT] = "INIT",
@@ -49,8 +54,7 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	struct urdma_cq *scq, *rcq;
 	struct ibv_qp_cap cap = init->cap;
 	struct urdma_qp *qp;
-	uint32_t rq_size, rq_stride, qpn;
-	size_t shm_size;
+	uint32_t qpn;
 	int ret;
 
 	if (init->qp_type != IBV_QPT_RC || init->srq) {
@@ -97,38 +101,41 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 		ret = ENOMEM;
 		goto err_free;
 	}
-	rq_size = roundup_pow2(cap.max_recv_wr ? cap.max_recv_wr : 1);
-	rq_stride = (sizeof(struct urdma_shm_rqe) +
-		     cap.max_recv_sge * sizeof(struct urdma_shm_sge) + 63) & ~63u;
-	shm_size = sizeof(struct urdma_shm_qp) + (size_t)rq_size * rq_stride;
-	/* A QPN that names our TCP listener, so peers on other hosts can
-	 * reach the QP; a random one if there is no listener. */
+	ret = -urdma_rq_init(qp, cap.max_recv_wr, cap.max_recv_sge);
+	if (ret)
+		goto err_free_sq;
+	/* A QPN that names our TCP listener, so peers on other hosts (and of
+	 * other users) can reach the QP; a random one if there is none. */
 	ret = EAGAIN;
 	for (int tries = 0; ret && tries < 64; tries++) {
 		if (urdma_tcp_reserve_qpn(&qpn))
 			break;
-		ret = -urdma_host_create("qp", &qpn, 0, shm_size,
-					 (void **)&qp->shm);
+		ret = -urdma_host_qp_publish(qpn, uctx->ctx_id,
+					     (uintptr_t)qp->shm, qp->shm_size);
 		qp->tcp_qpn = !ret;
 		/* On failure the number stays taken: another network
 		 * namespace on this host uses it. */
 	}
+	for (int tries = 0; ret && tries < 64; tries++) {
+		if (getrandom(&qpn, sizeof(qpn), 0) != sizeof(qpn))
+			qpn = (uint32_t)urdma_now_ns() * 2654435761u;
+		qpn &= 0xffffff;
+		if (qpn < 2)
+			continue;
+		ret = -urdma_host_qp_publish(qpn, uctx->ctx_id,
+					     (uintptr_t)qp->shm, qp->shm_size);
+	}
 	if (ret)
-		ret = -urdma_host_create("qp", &qpn, 0xffffff, shm_size,
-					 (void **)&qp->shm);
-	if (ret)
-		goto err_free_sq;
-	qp->shm_size = shm_size;
+		goto err_free_rq;
 	*qp->shm = (struct urdma_shm_qp){
 		.magic = URDMA_SHM_MAGIC,
 		.version = URDMA_SHM_VERSION,
 		.qpn = qpn,
 		.ctx_id = uctx->ctx_id,
-		.pid = getpid(),
 		.pd_id = to_upd(ibpd)->id,
-		.rq_size = rq_size,
-		.rq_stride = rq_stride,
-		.rq_max_sge = cap.max_recv_sge,
+		.rq_size = qp->rq.size,
+		.rq_stride = qp->rq.stride,
+		.rq_max_sge = qp->rq.max_sge,
 		.rq_offset = sizeof(struct urdma_shm_qp),
 	};
 	pthread_mutex_init(&qp->sq_lock, NULL);
@@ -165,9 +172,12 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	init->cap = cap;
 	if (qp->tcp_qpn)
 		urdma_tcp_register_qp(qp);
-	urdma_dbg("qp %#x created (sq %u, rq %u)", qpn, qp->sq_size, rq_size);
+	urdma_dbg("qp %#x created (sq %u, rq %u)", qpn, qp->sq_size,
+		  qp->rq.size);
 	return &qp->ibqp;
 
+err_free_rq:
+	urdma_rq_destroy(qp);
 err_free_sq:
 	urdma_free(qp->sq);
 err_free:
@@ -230,8 +240,14 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	struct urdma_cq *scq = to_ucq(ibqp->send_cq), *rcq = to_ucq(ibqp->recv_cq);
 	struct urdma_context *uctx = qp->uctx;
 
+	urdma_host_qp_unpublish(ibqp->qp_num);
 	atomic_store(&qp->shm->state, URDMA_SQPS_GONE);
-	urdma_rq_quiesce(qp);
+	if (!urdma_rq_quiesce(qp, RQ_WAIT_NS)) {
+		/* Its block is never reused: the deliverer may write on. */
+		urdma_warn("qp %#x: destroyed with a peer still inside its "
+			   "receive queue", ibqp->qp_num);
+		qp->shm_busy_left = true;
+	}
 	pthread_mutex_lock(&uctx->lock);
 	list_del(&qp->ctx_node);
 	pthread_mutex_unlock(&uctx->lock);
@@ -252,7 +268,7 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	atomic_fetch_sub(&scq->usecnt, 1);
 	atomic_fetch_sub(&rcq->usecnt, 1);
 	atomic_fetch_sub(&to_upd(ibqp->pd)->usecnt, 1);
-	urdma_host_remove("qp", ibqp->qp_num, qp->shm, qp->shm_size);
+	urdma_rq_destroy(qp);
 	urdma_free(qp->sq);
 	urdma_free(qp);
 	return 0;
@@ -268,10 +284,12 @@ static void qp_enter_error(struct urdma_qp *qp)
 	qp->ibqp.state = IBV_QPS_ERR;
 	qp->attr.qp_state = IBV_QPS_ERR;
 	atomic_store(&qp->shm->state, URDMA_SQPS_ERR);
-	urdma_rq_quiesce(qp);
-	if (!was_error)
+	if (!was_error) {
+		qp->rq_err_ns = urdma_now_ns();
 		urdma_dbg("qp %#x -> ERR", qp->ibqp.qp_num);
-	/* sq_run() flushes the receive queue after the send queue. */
+	}
+	/* sq_run() flushes the receive queue after the send queue, once no
+	 * deliverer is inside it (urdma_rq_flush). */
 }
 
 static void sq_complete(struct urdma_qp *qp, struct urdma_swqe *wqe,
@@ -557,10 +575,15 @@ bool urdma_qp_maintain(struct urdma_qp *qp)
 	const struct urdma_transport_ops *tr;
 	bool again = false;
 
-	if (atomic_load(&s->error_req)) {
+	struct urdma_peer *p = urdma_peer_ref(&qp->peer);
+	bool dead = p && urdma_peer_dead(p);
+
+	urdma_peer_put(p);
+	if (atomic_load(&qp->rq_bad) && qp->ibqp.state != IBV_QPS_ERR) {
+		urdma_qp_set_error(qp, true);
+	} else if (atomic_load(&s->error_req)) {
 		urdma_qp_set_error(qp, false);
-	} else if (qp->peer && urdma_peer_dead(qp->peer) &&
-		   !atomic_load(&qp->peer_dead)) {
+	} else if (dead && !atomic_load(&qp->peer_dead)) {
 		uint64_t now = urdma_now_ns();
 
 		if (!qp->peer_dead_ns)
@@ -576,6 +599,12 @@ bool urdma_qp_maintain(struct urdma_qp *qp)
 	}
 	if (atomic_load(&s->notify_fired) && atomic_exchange(&s->notify_fired, 0))
 		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
+	/* In ERR, the receives wait for a deliverer to leave the ring. */
+	if (atomic_load(&qp->rq_flush_wait)) {
+		if (urdma_rq_flush(qp))
+			urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
+		again = true;
+	}
 	tr = qp->tr; /* read once: modify_qp may clear it meanwhile */
 	if (tr && tr->maintain)
 		again |= tr->maintain(qp);
@@ -849,11 +878,7 @@ static void reset_queues(struct urdma_qp *qp)
 	atomic_store(&qp->sq_retired, 0);
 	qp->unsignaled = 0;
 	qp->sq_pending = false;
-	pthread_mutex_lock(&qp->rq_lock);
-	atomic_store(&s->rq_prod, 0);
-	atomic_store(&s->rq_done, 0);
-	__atomic_store_n(&qp->rq_poll, 0, __ATOMIC_RELEASE);
-	pthread_mutex_unlock(&qp->rq_lock);
+	urdma_rq_reset(qp);
 	atomic_store(&s->error_req, 0);
 	atomic_store(&s->rnr_waiter, 0);
 	atomic_store(&qp->peer_dead, false);
@@ -936,7 +961,11 @@ int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
 	switch (next) {
 	case IBV_QPS_RESET:
 		atomic_store(&qp->shm->state, URDMA_SQPS_RESET);
-		urdma_rq_quiesce(qp);
+		if (!urdma_rq_quiesce(qp, RQ_WAIT_NS)) {
+			urdma_warn("qp %#x: reset with a peer still inside its "
+				   "receive queue", ibqp->qp_num);
+			qp->shm_busy_left = true;
+		}
 		qp_disconnect(qp);
 		reset_queues(qp);
 		break;
@@ -946,6 +975,10 @@ int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
 	case IBV_QPS_RTR:
 		if (cur == IBV_QPS_INIT) {
 			qp->tr = urdma_pick_transport(qp, &qp->attr);
+			if (!qp->tr) {
+				ret = EADDRNOTAVAIL;
+				goto out;
+			}
 			ret = -qp->tr->connect(qp, &qp->attr);
 			if (ret) {
 				qp->tr = NULL;

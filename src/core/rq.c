@@ -5,72 +5,242 @@
  * memory, our own receive path over TCP) completes them in place;
  * ibv_poll_cq harvests the completions.  Flushing on ERR, and waiting for
  * deliverers to leave the ring before the owner changes it.
+ *
+ * The ring is in memory that every process of the user can write (the
+ * identity memfd), so nothing in it is trusted: the geometry, what was
+ * posted (WR id and length) and how far it was posted are kept here, in
+ * private memory; what a deliverer writes (the completion index and
+ * fields) is checked before it is reported, and nonsense puts the QP in
+ * error (IBV_EVENT_QP_FATAL) instead of making up a completion.  No wait
+ * on a deliverer is unbounded.
  */
 #include <errno.h>
 #include <sched.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/urdma.h"
 #include "transport/transport.h"
+#include "util/alloc.h"
 #include "util/log.h"
 
-/* Wait until no deliverer is inside our receive queue.  The caller has
- * just published a state deliverers refuse, with a full fence. */
-void urdma_rq_quiesce(struct urdma_qp *qp)
+/* A deliverer inside the ring for this long while the QP is in ERR is
+ * stuck (a stopped process, or a hostile one): flush without it. */
+#define RQ_STUCK_NS 2000000000ull
+
+int urdma_rq_init(struct urdma_qp *qp, uint32_t max_wr, uint32_t max_sge)
 {
-	atomic_thread_fence(memory_order_seq_cst);
-	while (atomic_load(&qp->shm->busy)) {
-		if (qp->peer && urdma_peer_dead(qp->peer))
-			break;
-		sched_yield();
+	uint64_t va;
+
+	qp->rq.size = roundup_pow2(max_wr ? max_wr : 1);
+	qp->rq.max_sge = max_sge;
+	qp->rq.stride = urdma_rq_stride(max_sge);
+	qp->shm_size = sizeof(struct urdma_shm_qp) +
+		       (size_t)qp->rq.size * qp->rq.stride;
+	qp->rq_wr = urdma_zalloc_array(qp->rq.size, sizeof(*qp->rq_wr));
+	if (!qp->rq_wr)
+		return -ENOMEM;
+	qp->shm = urdma_arena_alloc(qp->shm_size, &va);
+	if (!qp->shm) {
+		urdma_free(qp->rq_wr);
+		return -errno;
 	}
+	qp->rq_ring = (uint8_t *)qp->shm + sizeof(struct urdma_shm_qp);
+	return 0;
 }
 
-/* Complete every receive WR not yet completed with FLUSH_ERR.  Deliverers
- * are out: the shared state is ERR and urdma_rq_quiesce() ran. */
+void urdma_rq_destroy(struct urdma_qp *qp)
+{
+	urdma_arena_free(qp->shm, qp->shm_size, qp->shm_busy_left);
+	urdma_free(qp->rq_wr);
+}
+
+/*
+ * Wait until no deliverer is inside our receive ring, for at most wait_ns
+ * once a short spin is over.  The caller has just published a state
+ * deliverers refuse, with a full fence.  A deliverer is inside for one
+ * copy; a dead one will not come back.
+ */
+bool urdma_rq_quiesce(struct urdma_qp *qp, uint64_t wait_ns)
+{
+	uint64_t start = 0;
+	long pause = 1000;
+
+	atomic_thread_fence(memory_order_seq_cst);
+	for (int spins = 0; atomic_load(&qp->shm->busy); spins++) {
+		struct timespec ts = { 0, pause };
+		struct urdma_peer *p;
+		uint64_t now;
+		bool dead;
+
+		if (spins < 64) {
+			sched_yield();
+			continue;
+		}
+		p = urdma_peer_ref(&qp->peer);
+		dead = p && urdma_peer_dead(p);
+		urdma_peer_put(p);
+		if (dead)
+			return true;
+		now = urdma_now_ns();
+		if (!start)
+			start = now;
+		if (now - start >= wait_ns)
+			return false;
+		nanosleep(&ts, NULL);
+		if (pause < 1000000)
+			pause *= 2;
+	}
+	return true;
+}
+
+/* A deliverer wrote something that can't be: the progress thread puts the
+ * QP in error (urdma_qp_maintain); meanwhile nothing more is harvested. */
+static void rq_bad(struct urdma_qp *qp, const char *what, uint32_t a,
+		   uint32_t b)
+{
+	if (atomic_exchange(&qp->rq_bad, true))
+		return;
+	urdma_err("qp %#x: %s (%u, %u) in its receive queue, which another "
+		  "process wrote: the QP goes to error", qp->ibqp.qp_num, what,
+		  a, b);
+	urdma_progress_kick();
+}
+
+/*
+ * The QP is in ERR: every receive WR not completed yet completes with
+ * FLUSH_ERR (harvested from rq_wr, not from the ring).  Returns how many
+ * WRs that is, 0 if none or not yet: while a deliverer is still inside the
+ * ring we wait (rq_flush_wait, retried by the progress thread), up to
+ * RQ_STUCK_NS.
+ */
 uint32_t urdma_rq_flush(struct urdma_qp *qp)
 {
-	struct urdma_shm_qp *s = qp->shm;
-	uint32_t done, prod, n;
+	uint32_t prod, poll, from, n;
 
 	pthread_mutex_lock(&qp->rq_lock);
-	done = atomic_load(&s->rq_done);
-	prod = atomic_load(&s->rq_prod);
-	n = prod - done;
-	for (; done != prod; done++) {
-		struct urdma_shm_rqe *e = urdma_rqe(s, done);
-
-		e->status = IBV_WC_WR_FLUSH_ERR;
-		e->opcode = IBV_WC_RECV;
-		e->byte_len = 0;
-		e->wc_flags = 0;
+	prod = atomic_load(&qp->rq_prod);
+	if (!atomic_load(&qp->rq_flushed)) {
+		if (!urdma_rq_quiesce(qp, 0)) {
+			if (urdma_now_ns() - qp->rq_err_ns < RQ_STUCK_NS) {
+				qp->rq_flush_wait = true;
+				pthread_mutex_unlock(&qp->rq_lock);
+				return 0;
+			}
+			urdma_warn("qp %#x: a peer has been inside its receive "
+				   "queue for 2 s: flushed without it",
+				   qp->ibqp.qp_num);
+			qp->shm_busy_left = true;
+		}
+		poll = __atomic_load_n(&qp->rq_poll, __ATOMIC_ACQUIRE);
+		from = atomic_load_explicit(&qp->shm->rq_done,
+					    memory_order_acquire);
+		if (atomic_load(&qp->rq_bad) || from - poll > prod - poll)
+			from = poll; /* nothing past what was reported holds */
+		qp->rq_flush_from = from;
+		qp->rq_flush_wait = false;
+		atomic_store_explicit(&qp->rq_flushed, true,
+				      memory_order_release);
 	}
-	atomic_store_explicit(&s->rq_done, done, memory_order_release);
+	n = prod - qp->rq_flush_from;
 	pthread_mutex_unlock(&qp->rq_lock);
 	return n;
 }
 
+void urdma_rq_reset(struct urdma_qp *qp)
+{
+	pthread_mutex_lock(&qp->rq_lock);
+	atomic_store(&qp->rq_prod, 0);
+	atomic_store(&qp->shm->rq_prod, 0);
+	atomic_store(&qp->shm->rq_done, 0);
+	__atomic_store_n(&qp->rq_poll, 0, __ATOMIC_RELEASE);
+	qp->rq_flush_from = 0;
+	qp->rq_flush_wait = false;
+	atomic_store(&qp->rq_flushed, false);
+	atomic_store(&qp->rq_bad, false);
+	pthread_mutex_unlock(&qp->rq_lock);
+}
+
+/* Receive completions ready to harvest (a hint: CQ resizing). */
+uint32_t urdma_rq_ready(struct urdma_qp *qp)
+{
+	uint32_t poll = __atomic_load_n(&qp->rq_poll, __ATOMIC_ACQUIRE);
+	uint32_t prod = atomic_load(&qp->rq_prod);
+	uint32_t done = atomic_load(&qp->rq_flushed) ?
+				prod :
+				atomic_load(&qp->shm->rq_done);
+
+	return done - poll <= prod - poll ? done - poll : 0;
+}
+
+/* One completion a deliverer wrote into e, checked: 0, or -1 if it can't
+ * be (an unknown status or opcode, a Send longer than the receive). */
+static int rqe_take(const struct urdma_shm_rqe *e, const struct urdma_rq_wr *pw,
+		    struct ibv_wc *w)
+{
+	uint32_t status = READ_ONCE(e->status), opcode = READ_ONCE(e->opcode);
+	uint32_t len = READ_ONCE(e->byte_len), flags = READ_ONCE(e->wc_flags);
+
+	if (status > IBV_WC_TM_RNDV_INCOMPLETE ||
+	    (opcode != IBV_WC_RECV && opcode != IBV_WC_RECV_RDMA_WITH_IMM) ||
+	    (flags & ~(unsigned)(IBV_WC_WITH_IMM | IBV_WC_WITH_INV)) ||
+	    (status == IBV_WC_SUCCESS && opcode == IBV_WC_RECV &&
+	     len > pw->len))
+		return -1;
+	w->status = status;
+	w->opcode = opcode;
+	w->byte_len = len;
+	w->wc_flags = flags;
+	if (flags & IBV_WC_WITH_IMM)
+		w->imm_data = READ_ONCE(e->imm_data);
+	return 0;
+}
+
 int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
 {
-	struct urdma_shm_qp *s = qp->shm;
-	uint32_t done = atomic_load_explicit(&s->rq_done, memory_order_acquire);
-	uint32_t poll = qp->rq_poll;
+	bool flushed = atomic_load_explicit(&qp->rq_flushed,
+					    memory_order_acquire);
+	uint32_t prod = atomic_load_explicit(&qp->rq_prod,
+					     memory_order_acquire);
+	uint32_t poll = qp->rq_poll, limit;
 	int n = 0;
 
-	while (n < max && poll != done) {
-		struct urdma_shm_rqe *e = urdma_rqe(s, poll);
-		struct ibv_wc *w = &wc[n++];
+	if (flushed) {
+		limit = prod;
+	} else {
+		if (atomic_load_explicit(&qp->rq_bad, memory_order_relaxed))
+			return 0;
+		limit = atomic_load_explicit(&qp->shm->rq_done,
+					     memory_order_acquire);
+		if (limit - poll > prod - poll) {
+			rq_bad(qp, "a completion index past the receives posted",
+			       limit, prod);
+			return 0;
+		}
+	}
+	while (n < max && poll != limit) {
+		const struct urdma_rq_wr *pw = &qp->rq_wr[poll & (qp->rq.size - 1)];
+		struct ibv_wc *w = &wc[n];
 
 		memset(w, 0, sizeof(*w));
-		w->wr_id = e->wr_id;
-		w->status = e->status;
-		w->opcode = e->opcode;
-		w->byte_len = e->byte_len;
-		w->imm_data = e->imm_data;
-		w->wc_flags = e->wc_flags;
+		if ((flushed && (int32_t)(poll - qp->rq_flush_from) >= 0) ||
+		    rqe_take(urdma_rq_entry(qp, poll), pw, w)) {
+			if (!flushed) {
+				rq_bad(qp, "a completion that can't be, at",
+				       poll, prod);
+				break;
+			}
+			/* Before the flush, but not believable: flushed. */
+			w->status = IBV_WC_WR_FLUSH_ERR;
+			w->opcode = IBV_WC_RECV;
+			w->byte_len = 0;
+			w->wc_flags = 0;
+		}
+		w->wr_id = pw->wr_id;
 		w->qp_num = qp->ibqp.qp_num;
-		w->src_qp = e->src_qp;
+		w->src_qp = qp->attr.dest_qp_num;
 		poll++;
+		n++;
 	}
 	__atomic_store_n(&qp->rq_poll, poll, __ATOMIC_RELEASE);
 	return n;
@@ -85,9 +255,10 @@ int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	uint32_t prod;
 
 	pthread_mutex_lock(&qp->rq_lock);
-	prod = atomic_load_explicit(&s->rq_prod, memory_order_relaxed);
+	prod = atomic_load_explicit(&qp->rq_prod, memory_order_relaxed);
 	for (; wr; wr = wr->next) {
 		struct urdma_shm_rqe *e;
+		uint64_t len = 0;
 
 		if (ibqp->state == IBV_QPS_RESET) {
 			ret = EINVAL;
@@ -99,20 +270,24 @@ int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 			break;
 		}
 		if (prod - __atomic_load_n(&qp->rq_poll, __ATOMIC_ACQUIRE) >=
-		    s->rq_size) {
+		    qp->rq.size) {
 			ret = ENOMEM;
 			break;
 		}
-		e = urdma_rqe(s, prod);
-		e->wr_id = wr->wr_id;
+		e = urdma_rq_entry(qp, prod);
+		e->wr_id = 0; /* ours alone: rq_wr */
 		e->num_sge = wr->num_sge;
 		for (int i = 0; i < wr->num_sge; i++) {
 			e->sge[i].addr = wr->sg_list[i].addr;
 			e->sge[i].length = wr->sg_list[i].length;
 			e->sge[i].lkey = wr->sg_list[i].lkey;
+			len += wr->sg_list[i].length;
 		}
 		e->status = IBV_WC_SUCCESS;
+		qp->rq_wr[prod & (qp->rq.size - 1)] =
+			(struct urdma_rq_wr){ .wr_id = wr->wr_id, .len = len };
 		prod++;
+		atomic_store_explicit(&qp->rq_prod, prod, memory_order_release);
 		atomic_store_explicit(&s->rq_prod, prod, memory_order_release);
 	}
 	pthread_mutex_unlock(&qp->rq_lock);
@@ -124,8 +299,13 @@ int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	/* A sender waits for a receive: wake it. */
 	atomic_thread_fence(memory_order_seq_cst);
 	if (atomic_load_explicit(&s->rnr_waiter, memory_order_relaxed) &&
-	    atomic_exchange(&s->rnr_waiter, 0) && qp->peer)
-		urdma_peer_wake(qp->peer);
+	    atomic_exchange(&s->rnr_waiter, 0)) {
+		struct urdma_peer *p = urdma_peer_ref(&qp->peer);
+
+		if (p)
+			urdma_peer_wake(p);
+		urdma_peer_put(p);
+	}
 	if (qp->tr && qp->tr->recv_posted)
 		qp->tr->recv_posted(qp);
 	if (ibqp->state == IBV_QPS_ERR)

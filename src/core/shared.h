@@ -1,24 +1,30 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The shared-memory layout: the contract between urdma processes on one host.
+ * The shared-memory layout: the contract between urdma processes of one
+ * user on one host (core/host.c says how they find and trust each other).
  *
- * Every object here lives in a file under the host directory (default
- * /dev/shm/urdma, mode 1777; files mode 0600 so only the same user maps them):
- *
- *   ctx-<id>        struct urdma_shm_ctx: owner pid, identity memfd, MR table
- *   ctx-<id>.wake   FIFO: a byte written here wakes the owner's progress thread
- *   qp-<qpn>        struct urdma_shm_qp followed by the receive queue ring
+ *   <dir>/ctx-<id>  a Unix socket per context: a peer that connects (same
+ *                   user, checked by SO_PEERCRED) gets struct urdma_hello
+ *                   and, by SCM_RIGHTS, the context's MR table (struct
+ *                   urdma_shm_ctx in a sealed memfd, read-only to peers)
+ *                   and the process's identity memfd; one byte written on
+ *                   the connection wakes the owner's progress thread
+ *   <dir>/qp-<qpn>  struct urdma_qp_rec: which context holds QP qpn, and
+ *                   where its shared block (struct urdma_shm_qp and the
+ *                   receive ring) is in that process's identity memfd
  *
  * Rules: offsets and ids, never pointers; every struct starts with magic and
  * version; sizes are fixed by static_assert; fields written by different
  * processes sit on different cache lines.  Bump URDMA_SHM_VERSION on any
- * change: a peer with another version is refused.
+ * change: a peer with another version is refused.  Nothing read from here
+ * is trusted: each value is checked before use, and what must not change
+ * (ring geometry, what was posted) is kept in private memory.
  *
  * Registered memory: each process owns one "identity memfd".  A registered
  * page at virtual address A is backed by that memfd at file offset A, so a
- * peer that opens the memfd (through /proc/<pid>/fd/<n>) and maps offset A
- * sees exactly the owner's page.  One-sided operations are then plain loads,
- * stores and CPU atomics by the initiator.
+ * peer that has the memfd and maps offset A sees exactly the owner's page.
+ * One-sided operations are then plain loads, stores and CPU atomics by the
+ * initiator.  QP shared blocks live in the same memfd (core/arena.c).
  */
 #ifndef URDMA_SHARED_H
 #define URDMA_SHARED_H
@@ -29,7 +35,7 @@
 #include <stdint.h>
 
 #define URDMA_SHM_MAGIC 0x75726d61u /* "urma" */
-#define URDMA_SHM_VERSION 1u
+#define URDMA_SHM_VERSION 2u
 #define URDMA_CACHELINE 64
 
 /* MR table: key = (random tag << URDMA_MR_IDX_BITS) | index. */
@@ -53,18 +59,37 @@ struct urdma_shm_mr {
 };
 static_assert(sizeof(struct urdma_shm_mr) == 64, "MR entry is one cache line");
 
+/* A context's MR table: peers check rkeys against it without asking us. */
 struct urdma_shm_ctx {
 	uint32_t magic;
 	uint32_t version;
 	uint32_t ctx_id;
-	int32_t pid;
-	int32_t memfd;   /* fd number in the owner, opened via /proc/pid/fd */
-	uint32_t uid;
-	uint64_t memfd_ino; /* checked after opening, against fd reuse */
-	uint8_t reserved[URDMA_CACHELINE - 32];
+	uint8_t reserved[URDMA_CACHELINE - 12];
 	struct urdma_shm_mr mr[URDMA_MAX_MR];
 };
 static_assert(sizeof(struct urdma_shm_ctx) == 64 + 64 * URDMA_MAX_MR, "ctx size");
+
+/* What a context sends a peer that connects, with two fds (SCM_RIGHTS):
+ * its MR table and the identity memfd. */
+struct urdma_hello {
+	uint32_t magic;
+	uint32_t version;
+	uint32_t ctx_id;
+	uint32_t nfds;
+};
+#define URDMA_HELLO_FDS 2
+
+/* The record qp-<qpn>: the QP's shared block is [va, va + size) of the
+ * identity memfd of context ctx_id's process. */
+struct urdma_qp_rec {
+	uint32_t magic;
+	uint32_t version;
+	uint32_t qpn;
+	uint32_t ctx_id;
+	uint64_t va;
+	uint64_t size;
+};
+static_assert(sizeof(struct urdma_qp_rec) == 32, "qp record");
 
 /* States a deliverer may observe in urdma_shm_qp.state. */
 enum {
@@ -113,16 +138,18 @@ struct urdma_shm_qp {
 	uint32_t version;
 	uint32_t qpn;
 	uint32_t ctx_id;
-	int32_t pid;
+	uint32_t reserved1;
 	uint32_t pd_id;
 	_Atomic uint32_t state;	 /* URDMA_SQPS_* */
 	_Atomic uint32_t dest_qpn; /* valid from RTR */
 	uint32_t access;	 /* qp_access_flags */
 	uint32_t min_rnr_timer;
+	/* The receive ring's geometry, checked and copied by a deliverer
+	 * (urdma_shm_qp_check) and never read again. */
 	uint32_t rq_size; /* power of two */
 	uint32_t rq_stride;
 	uint32_t rq_max_sge;
-	uint32_t rq_offset; /* from the start of this struct */
+	uint32_t rq_offset; /* sizeof(struct urdma_shm_qp) */
 	uint32_t max_dest_rd_atomic;
 	_Atomic uint32_t notify; /* URDMA_NOTIFY_*: owner's recv CQ is armed */
 	uint8_t reserved0[URDMA_CACHELINE - 64];

@@ -37,6 +37,9 @@
  * legacy ops slot fill: 48 bytes, without port_cap_flags2. */
 #define URDMA_COMPAT_PORT_ATTR_SIZE offsetof(struct ibv_port_attr, port_cap_flags2)
 
+/* One read of a value another process may change at any moment. */
+#define READ_ONCE(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+
 #define container_of(ptr, type, member)                                        \
 	((type *)((char *)(ptr) - offsetof(type, member)))
 
@@ -60,12 +63,12 @@ struct urdma_async_event {
 struct urdma_context {
 	struct verbs_context vctx; /* must be first: the ABI layout */
 	pthread_mutex_t lock;
-	struct list_head node; /* in urdma_proc.contexts */
+	struct list_head node; /* in the progress thread's list */
 	struct list_head qps;
 	struct list_head cqs;
 	uint32_t ctx_id;
-	struct urdma_shm_ctx *shm;
-	int wake_fd; /* read end of ctx-<id>.wake, watched by progress */
+	struct urdma_shm_ctx *shm; /* our MR table, read-only to peers */
+	struct urdma_host_ctx *host; /* socket and peers (host.c) */
 	struct urdma_mr **mrs; /* by MR index */
 	int num_mrs;
 	struct urdma_gid gids[URDMA_MAX_GID];
@@ -142,6 +145,22 @@ struct urdma_swqe {
 
 struct urdma_peer;
 struct urdma_transport_ops;
+struct urdma_host_ctx;
+
+/* A receive ring's geometry, in private memory: never read back from the
+ * shared block, where anyone of the user could change it. */
+struct urdma_rq_geo {
+	uint32_t size; /* entries, a power of two */
+	uint32_t stride;
+	uint32_t max_sge;
+};
+
+/* What the owner posted in a receive slot: the shared ring has the SGEs
+ * for the deliverer; the WR id and length the owner reports come from here. */
+struct urdma_rq_wr {
+	uint64_t wr_id;
+	uint64_t len;
+};
 
 struct urdma_qp {
 	struct ibv_qp ibqp;
@@ -150,9 +169,10 @@ struct urdma_qp {
 	struct ibv_qp_attr attr; /* as last set */
 	struct ibv_qp_cap cap;
 	bool sq_sig_all;
-	/* shared part: header + receive queue */
+	/* shared block: header + receive ring, in the identity memfd */
 	struct urdma_shm_qp *shm;
 	size_t shm_size;
+	bool shm_busy_left; /* a deliverer never left it: don't reuse it */
 	/* send queue (private) */
 	pthread_mutex_t sq_lock;
 	uint8_t *sq;
@@ -163,17 +183,33 @@ struct urdma_qp {
 	uint32_t unsignaled;	   /* since the last signaled WR */
 	_Atomic uint32_t sq_retired;
 	bool sq_pending;
-	/* receive queue, owner side */
+	/* receive queue, owner side (rq.c) */
 	pthread_mutex_t rq_lock;
+	struct urdma_rq_geo rq;
+	uint8_t *rq_ring;	   /* the first entry */
+	struct urdma_rq_wr *rq_wr; /* by slot */
+	_Atomic uint32_t rq_prod;  /* posted (written under rq_lock) */
 	uint32_t rq_poll; /* next completion to harvest, under recv CQ lock */
+	uint32_t rq_flush_from;	 /* completions from here on are flushes */
+	_Atomic bool rq_flushed;
+	_Atomic bool rq_bad; /* a deliverer wrote nonsense: to ERR */
+	_Atomic bool rq_flush_wait; /* in ERR; flush when no deliverer is in */
+	uint64_t rq_err_ns;  /* when the QP entered ERR */
 	/* connection */
 	const struct urdma_transport_ops *tr;
 	void *tr_priv;	     /* the transport's connection state */
 	bool tcp_qpn;	     /* the QPN names a TCP listener */
 	_Atomic int pollers; /* ibv_poll_cq threads driving tr->poll */
+	/* shared memory: the peer QP's block and ring (checked, copied) */
 	struct urdma_peer *peer;
 	struct urdma_shm_qp *peer_qp;
-	size_t peer_qp_size;
+	uint8_t *peer_ring;
+	struct urdma_rq_geo peer_rq;
+	uint64_t peer_va, peer_size; /* from its record */
+	uint32_t peer_ctx;
+	bool peer_stale; /* look for the record again */
+	uint32_t peer_prod, peer_done; /* its rq_prod as last read, our rq_done */
+	uint64_t peer_pause_ns, peer_retry_ns; /* shm_attach's back-off */
 	_Atomic bool peer_dead;
 	uint64_t peer_dead_ns; /* when the progress thread saw it die */
 };
@@ -230,28 +266,54 @@ void *urdma_wintab_ptr(struct urdma_wintab *t, pthread_mutex_t *lock,
 		       int memfd, uint64_t va, uint64_t *avail);
 void urdma_backing_atfork_child(void);
 
-/* host.c: the host directory, peers */
+/* host.c: the host directory, contexts' sockets, QP records, peers */
 struct urdma_proc {
-	pthread_mutex_t lock;
-	struct list_head contexts;
+	pthread_mutex_t lock; /* a leaf */
 	int memfd;
 	uint64_t memfd_ino;
+	int dirfd; /* the host directory; -1: shared memory is off */
 	char dir[256];
 };
 extern struct urdma_proc urdma_proc;
 int urdma_host_init(void);
-int urdma_host_create(const char *prefix, uint32_t *id, uint32_t id_mask,
-		      size_t size, void **map);
-void urdma_host_remove(const char *prefix, uint32_t id, void *map, size_t size);
-void *urdma_host_open(const char *prefix, uint32_t id, size_t *size);
+/* The host directory is usable: QPs of this user can share memory. */
+bool urdma_host_shm_ok(void);
 void urdma_host_sweep(void);
+/* A context's MR table (uctx->shm), socket and id (uctx->ctx_id); _start
+ * once the progress thread watches. */
+int urdma_host_ctx_open(struct urdma_context *uctx);
+int urdma_host_ctx_start(struct urdma_context *uctx);
+void urdma_host_ctx_close(struct urdma_context *uctx);
+/* qp-<qpn>: 0, -EEXIST (taken by a live QP), or -errno. */
+int urdma_host_qp_publish(uint32_t qpn, uint32_t ctx_id, uint64_t va,
+			  uint64_t size);
+void urdma_host_qp_unpublish(uint32_t qpn);
+/* Read qp-<qpn>: 0, -ENOENT (none of ours), -EINVAL (malformed), -EPERM
+ * (not a file of ours). */
+int urdma_host_qp_find(uint32_t qpn, struct urdma_qp_rec *rec);
+/* qp-<qpn> is malformed or names a context nobody listens for. */
+bool urdma_host_qp_stale(uint32_t qpn);
 /* backing.c */
 int urdma_host_back_range(uint64_t start, uint64_t len);
+int urdma_memfd(void);
+/* arena.c: shared blocks in the identity memfd (zeroed, page aligned) */
+void *urdma_arena_alloc(size_t size, uint64_t *va);
+void urdma_arena_free(void *p, size_t size, bool quarantine);
 
-struct urdma_peer *urdma_peer_get(uint32_t ctx_id, int32_t pid);
+/* A peer context on this host: a reference, connecting or ready. */
+struct urdma_peer *urdma_peer_get(uint32_t ctx_id);
 void urdma_peer_put(struct urdma_peer *p);
+/* A QP's peer (qp->peer) is replaced only under the QP's sq_lock, with
+ * urdma_peer_set; a thread without sq_lock takes a reference to it with
+ * urdma_peer_ref (or NULL), and puts it when done. */
+struct urdma_peer *urdma_peer_ref(struct urdma_peer *const *slot);
+void urdma_peer_set(struct urdma_peer **slot, struct urdma_peer *p);
+/* Wait up to timeout_ms for the peer to be ready: 0, -EAGAIN (not yet),
+ * another -errno (it failed). */
+int urdma_peer_wait(struct urdma_peer *p, int timeout_ms);
+bool urdma_peer_ready(struct urdma_peer *p);
 bool urdma_peer_dead(struct urdma_peer *p);
-int urdma_peer_pidfd(struct urdma_peer *p);
+pid_t urdma_peer_pid(struct urdma_peer *p);
 /* Check (key, addr, len) against an MR table: 0 and the owner address of
  * addr, or -EINVAL (no such key), -EACCES (access, PD), -ERANGE (bounds),
  * -EFAULT (pages unmapped by the owner). */
@@ -265,7 +327,6 @@ uint32_t urdma_mr_key(uint32_t idx, uint32_t rnd);
 const struct urdma_shm_ctx *urdma_peer_shm(struct urdma_peer *p);
 void *urdma_peer_ptr(struct urdma_peer *p, uint64_t va, uint64_t *avail);
 int urdma_peer_wake(struct urdma_peer *p);
-void urdma_peer_mark_dead(struct urdma_peer *p);
 /* A pointer to len bytes at owner address va; NULL if the memory can't be
  * reached.  *avail is set to how many bytes are contiguous from there. */
 void *urdma_self_ptr(uint64_t va, uint64_t *avail);
@@ -292,12 +353,39 @@ void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event);
 uint64_t urdma_qp_retry_ns(const struct urdma_qp *qp);
 bool urdma_qp_maintain(struct urdma_qp *qp);
 /* rq.c */
+int urdma_rq_init(struct urdma_qp *qp, uint32_t max_wr, uint32_t max_sge);
+void urdma_rq_destroy(struct urdma_qp *qp);
 int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max);
-void urdma_rq_quiesce(struct urdma_qp *qp);
+bool urdma_rq_quiesce(struct urdma_qp *qp, uint64_t wait_ns);
 uint32_t urdma_rq_flush(struct urdma_qp *qp);
+void urdma_rq_reset(struct urdma_qp *qp);
+uint32_t urdma_rq_ready(struct urdma_qp *qp);
+
+/* The stride of a receive ring of entries with max_sge SGEs. */
+static inline uint32_t urdma_rq_stride(uint32_t max_sge)
+{
+	return (sizeof(struct urdma_shm_rqe) +
+		max_sge * sizeof(struct urdma_shm_sge) + 63) & ~63u;
+}
+
+/* Entry idx of a ring (of ours, or a peer's with the geometry we checked
+ * and copied). */
+static inline struct urdma_shm_rqe *urdma_rqe_at(uint8_t *ring,
+						 const struct urdma_rq_geo *g,
+						 uint32_t idx)
+{
+	return (struct urdma_shm_rqe *)(ring + (size_t)(idx & (g->size - 1)) *
+						       g->stride);
+}
+
+static inline struct urdma_shm_rqe *urdma_rq_entry(struct urdma_qp *qp,
+						   uint32_t idx)
+{
+	return urdma_rqe_at(qp->rq_ring, &qp->rq, idx);
+}
 
 /* progress.c */
-enum { URDMA_WATCH_CTX, URDMA_WATCH_PEER, URDMA_WATCH_FN };
+enum { URDMA_WATCH_FN = 1 };
 /* URDMA_WATCH_FN: the progress thread calls fn with the epoll events.  An
  * event fetched in a batch may name a watcher whose fd was unwatched
  * meanwhile, so a watcher is never freed directly: urdma_progress_retire()

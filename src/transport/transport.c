@@ -7,8 +7,11 @@
  *
  * URDMA_TRANSPORT=shm or =tcp forces one (set it the same on both sides);
  * otherwise ("auto"): a peer addressed by LID only, or by a GID that is an
- * address of this network namespace, is on this host and gets shared
- * memory; any other GID is another host and gets TCP.
+ * address of this network namespace, is on this host; it gets shared
+ * memory if it is a QP of our own user (its record is in our host
+ * directory, core/host.c), TCP over loopback (or that local address)
+ * otherwise: processes of two users never share memory.  Any other GID is
+ * another host and gets TCP.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -35,15 +38,24 @@ const struct urdma_transport_ops *urdma_pick_transport(struct urdma_qp *qp,
 		tr = &urdma_shm_transport;
 	else if (e && !strcmp(e, "tcp"))
 		tr = &urdma_tcp_transport;
-	else if (!a->ah_attr.is_global ||
-		 gid_is_local(qp->uctx, &a->ah_attr.grh.dgid))
-		tr = &urdma_shm_transport;
-	else
+	else if (a->ah_attr.is_global &&
+		 !gid_is_local(qp->uctx, &a->ah_attr.grh.dgid))
 		tr = &urdma_tcp_transport;
-	if (tr == &urdma_tcp_transport && !qp->tcp_qpn) {
-		urdma_warn("qp %#x: no TCP listener; using shared memory",
-			   qp->ibqp.qp_num);
+	else if (!urdma_host_qp_stale(a->dest_qp_num) &&
+		 !urdma_host_qp_find(a->dest_qp_num, &(struct urdma_qp_rec){ 0 }))
 		tr = &urdma_shm_transport;
+	else {
+		urdma_info("qp %#x: QP %#x on this host is not one of this "
+			   "user's: TCP over %s", qp->ibqp.qp_num,
+			   a->dest_qp_num,
+			   a->ah_attr.is_global ? "its address" : "loopback");
+		tr = &urdma_tcp_transport;
+	}
+	if (tr == &urdma_tcp_transport && !qp->tcp_qpn) {
+		urdma_warn("qp %#x: needs TCP, and its number names no TCP "
+			   "listener of ours (see earlier messages)",
+			   qp->ibqp.qp_num);
+		return NULL;
 	}
 	urdma_dbg("qp %#x: transport %s", qp->ibqp.qp_num, tr->name);
 	return tr;
@@ -134,43 +146,68 @@ int urdma_copy_spans(struct urdma_peer *dpeer, const struct urdma_span *d,
 	return 0;
 }
 
-int urdma_remote_lookup(const struct urdma_shm_ctx *ctx,
-			const struct urdma_shm_qp *t, uint32_t key,
-			uint64_t addr, uint64_t len, uint32_t access,
-			uint64_t *va)
+int urdma_remote_lookup(const struct urdma_shm_ctx *ctx, uint32_t qp_access,
+			uint32_t pd_id, uint32_t key, uint64_t addr,
+			uint64_t len, uint32_t access, uint64_t *va)
 {
 	if (!len) { /* nothing is touched: nothing to check */
 		*va = 0;
 		return 0;
 	}
-	if ((t->access & access) != access)
+	if ((qp_access & access) != access)
 		return -EACCES; /* the responder QP does not allow it */
-	return urdma_mr_lookup(ctx, key, addr, len, access, t->pd_id, va);
+	return urdma_mr_lookup(ctx, key, addr, len, access, pd_id, va);
 }
 
-int urdma_rqe_spans(const struct urdma_shm_ctx *ctx,
-		    const struct urdma_shm_qp *t,
-		    const struct urdma_shm_rqe *e, struct urdma_span *sp,
-		    int *n, uint64_t *room)
+int urdma_rqe_spans(const struct urdma_shm_ctx *ctx, uint32_t pd_id,
+		    uint32_t max_sge, const struct urdma_shm_rqe *e,
+		    struct urdma_span *sp, int *n, uint64_t *room)
 {
-	uint32_t nsge = e->num_sge < t->rq_max_sge ? e->num_sge : t->rq_max_sge;
+	uint32_t nsge = READ_ONCE(e->num_sge);
 
+	if (nsge > max_sge)
+		nsge = max_sge;
 	*n = 0;
 	*room = 0;
 	for (uint32_t i = 0; i < nsge; i++) {
-		struct urdma_shm_sge sg = e->sge[i];
+		uint64_t addr = READ_ONCE(e->sge[i].addr);
+		uint32_t length = READ_ONCE(e->sge[i].length);
+		uint32_t lkey = READ_ONCE(e->sge[i].lkey);
 		struct urdma_span *d = &sp[*n];
 
-		if (!sg.length)
+		if (!length)
 			continue;
-		if (urdma_mr_lookup(ctx, sg.lkey, sg.addr, sg.length,
-				    IBV_ACCESS_LOCAL_WRITE, t->pd_id, &d->va))
+		if (urdma_mr_lookup(ctx, lkey, addr, length,
+				    IBV_ACCESS_LOCAL_WRITE, pd_id, &d->va))
 			return -1;
-		d->len = sg.length;
+		d->len = length;
 		d->ptr = NULL;
-		*room += sg.length;
+		*room += length;
 		(*n)++;
 	}
+	return 0;
+}
+
+int urdma_shm_qp_check(const struct urdma_shm_qp *h, uint64_t bytes,
+		       uint32_t qpn, uint32_t ctx_id, struct urdma_rq_geo *g)
+{
+	uint32_t size, stride, max_sge, off;
+
+	if (bytes < sizeof(*h) || READ_ONCE(h->magic) != URDMA_SHM_MAGIC ||
+	    READ_ONCE(h->version) != URDMA_SHM_VERSION ||
+	    READ_ONCE(h->qpn) != qpn || READ_ONCE(h->ctx_id) != ctx_id)
+		return -EINVAL;
+	size = READ_ONCE(h->rq_size);
+	stride = READ_ONCE(h->rq_stride);
+	max_sge = READ_ONCE(h->rq_max_sge);
+	off = READ_ONCE(h->rq_offset);
+	if (!size || (size & (size - 1)) || size > URDMA_MAX_QP_WR ||
+	    !max_sge || max_sge > URDMA_MAX_SGE ||
+	    stride != urdma_rq_stride(max_sge) || off != sizeof(*h) ||
+	    (uint64_t)size * stride > bytes - off)
+		return -EINVAL;
+	*g = (struct urdma_rq_geo){ .size = size, .stride = stride,
+				    .max_sge = max_sge };
 	return 0;
 }
 

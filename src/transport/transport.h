@@ -70,19 +70,22 @@ void *urdma_space_ptr(struct urdma_peer *peer, uint64_t va, uint64_t *avail);
  * requester works in the responder's memory, the TCP receiver in its own).
  */
 /* Resolve [addr, addr+len) under key in ctx's MRs for a remote access
- * through QP t: -EACCES when t's access flags refuse it, else as
- * urdma_mr_lookup.  A zero-length access touches nothing and is not
- * checked. */
-int urdma_remote_lookup(const struct urdma_shm_ctx *ctx,
-			const struct urdma_shm_qp *t, uint32_t key,
-			uint64_t addr, uint64_t len, uint32_t access,
-			uint64_t *va);
-/* Receive WR e of QP t as spans of ctx's memory (at most t->rq_max_sge);
- * -1 on a bad lkey. */
-int urdma_rqe_spans(const struct urdma_shm_ctx *ctx,
-		    const struct urdma_shm_qp *t,
-		    const struct urdma_shm_rqe *e, struct urdma_span *sp,
-		    int *n, uint64_t *room);
+ * through a QP with access flags qp_access in PD pd_id: -EACCES when the
+ * QP's flags refuse it, else as urdma_mr_lookup.  A zero-length access
+ * touches nothing and is not checked. */
+int urdma_remote_lookup(const struct urdma_shm_ctx *ctx, uint32_t qp_access,
+			uint32_t pd_id, uint32_t key, uint64_t addr,
+			uint64_t len, uint32_t access, uint64_t *va);
+/* Receive WR e (of a QP in PD pd_id) as spans of ctx's memory, at most
+ * max_sge of them whatever e says; -1 on a bad lkey. */
+int urdma_rqe_spans(const struct urdma_shm_ctx *ctx, uint32_t pd_id,
+		    uint32_t max_sge, const struct urdma_shm_rqe *e,
+		    struct urdma_span *sp, int *n, uint64_t *room);
+/* Check a peer QP's shared block h of `bytes` bytes (from its record)
+ * before any use: QP qpn of context ctx_id, a ring inside the block; its
+ * geometry is copied to *g.  0 or -EINVAL. */
+int urdma_shm_qp_check(const struct urdma_shm_qp *h, uint64_t bytes,
+		       uint32_t qpn, uint32_t ctx_id, struct urdma_rq_geo *g);
 /* A receive of t completed: true if it fires the armed recv CQ of t's
  * owner (the arm is consumed). */
 bool urdma_rq_notify_claim(struct urdma_shm_qp *t, bool solicited);
@@ -109,13 +112,5 @@ enum ibv_wc_status urdma_local_spans(struct urdma_qp *qp,
 				     struct urdma_swqe *wqe,
 				     struct urdma_span *spans, int *n,
 				     uint32_t access);
-
-static inline struct urdma_shm_rqe *urdma_rqe(struct urdma_shm_qp *s,
-					      uint32_t idx)
-{
-	return (struct urdma_shm_rqe *)((uint8_t *)s + s->rq_offset +
-					(size_t)(idx & (s->rq_size - 1)) *
-						s->rq_stride);
-}
 
 #endif

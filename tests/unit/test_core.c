@@ -272,10 +272,11 @@ static void test_alloc(void)
 }
 
 /*
- * Waking a peer process (its context's FIFO) after it died: the write
- * finds no reader.  Opened write-only, that raised SIGPIPE and killed the
- * waker (rping's client, status 141, when its server was killed between
- * the death and our progress thread seeing it).  It must return instead.
+ * Waking a peer process (a byte on our connection to its context) after it
+ * died: the write finds no reader.  That must not raise SIGPIPE and kill
+ * the waker (rping's client, status 141, when its server was killed
+ * between the death and our progress thread seeing it), and the hang-up
+ * must mark the peer dead.
  */
 static void test_wake_dead_peer(void)
 {
@@ -302,15 +303,20 @@ static void test_wake_dead_peer(void)
 	close(fds[1]); /* a child that dies first ends the read */
 	CHECK(pid > 0 && read(fds[0], &id, sizeof(id)) == sizeof(id) && id);
 	if (pid > 0 && id) {
-		struct urdma_peer *p = urdma_peer_get(id, pid);
+		struct urdma_peer *p = urdma_peer_get(id);
 
 		CHECK(p != NULL);
 		if (p) {
-			CHECK(urdma_peer_wake(p) == 0); /* alive: opens the FIFO */
+			CHECK(urdma_peer_wait(p, 5000) == 0); /* the hello */
+			CHECK(urdma_peer_pid(p) == pid);
+			CHECK(urdma_peer_wake(p) == 0);
 			kill(pid, SIGKILL);
 			waitpid(pid, NULL, 0);
 			pid = 0;
-			CHECK(urdma_peer_wake(p) == 0); /* dead: no SIGPIPE */
+			urdma_peer_wake(p); /* dead: no SIGPIPE */
+			for (int i = 0; i < 500 && !urdma_peer_dead(p); i++)
+				usleep(10000);
+			CHECK(urdma_peer_dead(p));
 			urdma_peer_put(p);
 		}
 	}

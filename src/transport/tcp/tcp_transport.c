@@ -1437,7 +1437,9 @@ static uint32_t lookup_term(int err, bool tagged)
 static int remote_access(struct urdma_qp *qp, uint32_t stag, uint64_t to,
 			 uint64_t len, uint32_t access, uint64_t *va)
 {
-	return urdma_remote_lookup(qp->uctx->shm, qp->shm, stag, to, len,
+	return urdma_remote_lookup(qp->uctx->shm,
+				   READ_ONCE(qp->attr.qp_access_flags),
+				   to_upd(qp->ibqp.pd)->id, stag, to, len,
 				   access, va);
 }
 
@@ -1447,7 +1449,7 @@ static bool rcv_claim(struct tcp_conn *c)
 	struct urdma_shm_qp *s = c->qp->shm;
 	uint32_t done = atomic_load(&s->rq_done);
 
-	if (done == atomic_load_explicit(&s->rq_prod, memory_order_acquire))
+	if (done == atomic_load_explicit(&c->qp->rq_prod, memory_order_acquire))
 		return false;
 	c->rcv_idx = done;
 	c->rcv_got = 0;
@@ -1461,7 +1463,7 @@ static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
 			 uint32_t imm_data)
 {
 	struct urdma_shm_qp *s = c->qp->shm;
-	struct urdma_shm_rqe *e = urdma_rqe(s, c->rcv_idx);
+	struct urdma_shm_rqe *e = urdma_rq_entry(c->qp, c->rcv_idx);
 
 	c->rcv_active = false;
 	if (atomic_load(&s->rq_done) != c->rcv_idx)
@@ -1494,8 +1496,9 @@ static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
 			goto out;
 		}
 		c->rcv_active = true;
-		if (urdma_rqe_spans(qp->uctx->shm, qp->shm,
-				    urdma_rqe(qp->shm, c->rcv_idx), c->rcv_sp,
+		if (urdma_rqe_spans(qp->uctx->shm, to_upd(qp->ibqp.pd)->id,
+				    qp->rq.max_sge,
+				    urdma_rq_entry(qp, c->rcv_idx), c->rcv_sp,
 				    &c->rcv_n, &c->rcv_room)) {
 			rcv_complete(c, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0,
 				     false, 0);
@@ -2322,17 +2325,19 @@ static void conn_cb(struct urdma_watcher *w, uint32_t events)
 
 /* ---- the transport operations ---- */
 
-/* The peer's address from the QP's AV; only IPv4-mapped or global IPv6. */
+/* The peer's address from the QP's AV; only IPv4-mapped or global IPv6.
+ * Without a GID the peer is on this host (a LID names this network
+ * namespace): loopback. */
 static int peer_addr(struct urdma_qp *qp, const struct ibv_qp_attr *attr,
 		     struct sockaddr_in6 *sa)
 {
-	const union ibv_gid *g = &attr->ah_attr.grh.dgid;
+	static const union ibv_gid loopback = {
+		.raw = { [10] = 0xff, [11] = 0xff, 127, 0, 0, 1 }
+	};
+	const union ibv_gid *g = attr->ah_attr.is_global ?
+					 &attr->ah_attr.grh.dgid :
+					 &loopback;
 
-	if (!attr->ah_attr.is_global) {
-		urdma_warn("qp %#x: TCP needs a GID in the address (is_global)",
-			   qp->ibqp.qp_num);
-		return -EINVAL;
-	}
 	if (g->raw[0] == 0xfe && (g->raw[1] & 0xc0) == 0x80) {
 		urdma_warn("qp %#x: link-local GIDs can't be reached over TCP",
 			   qp->ibqp.qp_num);
