@@ -560,7 +560,7 @@ void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event)
  * the dead peer meanwhile fails at once with RETRY_EXC_ERR (the engine's
  * sq_retry_exceeded), and the ones behind it are flushed.
  */
-static uint64_t peer_loss_grace_ns(struct urdma_qp *qp)
+uint64_t urdma_qp_loss_grace_ns(struct urdma_qp *qp)
 {
 	uint64_t budget = urdma_qp_retry_ns(qp);
 
@@ -588,7 +588,7 @@ bool urdma_qp_maintain(struct urdma_qp *qp)
 
 		if (!qp->peer_dead_ns)
 			qp->peer_dead_ns = now;
-		if (now - qp->peer_dead_ns >= peer_loss_grace_ns(qp)) {
+		if (now - qp->peer_dead_ns >= urdma_qp_loss_grace_ns(qp)) {
 			atomic_store(&qp->peer_dead, true);
 			urdma_info("qp %#x: the peer process died",
 				   qp->ibqp.qp_num);

@@ -351,6 +351,8 @@ void urdma_qp_wr_mark(struct urdma_qp *qp, uint32_t idx,
 void urdma_qp_wr_kick(struct urdma_qp *qp);
 void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event);
 uint64_t urdma_qp_retry_ns(const struct urdma_qp *qp);
+/* How long after its peer is known gone an idle QP goes to ERR. */
+uint64_t urdma_qp_loss_grace_ns(struct urdma_qp *qp);
 bool urdma_qp_maintain(struct urdma_qp *qp);
 /* rq.c */
 int urdma_rq_init(struct urdma_qp *qp, uint32_t max_wr, uint32_t max_sge);

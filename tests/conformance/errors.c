@@ -16,6 +16,8 @@
  */
 #include "harness.h"
 
+#include <poll.h>
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -456,6 +458,49 @@ static void killed_parent(struct t_peer *p, void *arg)
 	free(buf);
 }
 
+/*
+ * The peer dies while this side is idle: receives posted, nothing to send.
+ * Knowing the peer is gone, the library must say so (as over shared memory,
+ * and as issue 17 found TCP did not in about 1 run of 10: the survivor sat
+ * in RTS for ever): within the QP's retry budget and some slack the QP is
+ * in ERR, the receive is flushed and IBV_EVENT_QP_FATAL comes.
+ */
+static void killed_idle_parent(struct t_peer *p, void *arg)
+{
+	struct t_opts o = t_opts_default();
+	struct ibv_async_event ev;
+	struct pollfd pf;
+	struct t_res r;
+	unsigned char *buf;
+	struct ibv_mr *mr;
+	uint64_t t0;
+
+	t_res_open(&r, &o);
+	buf = t_alloc(STREAM_LEN);
+	mr = t_reg(&r, buf, STREAM_LEN, IBV_ACCESS_LOCAL_WRITE);
+	t_connect_pair(p, &r, mr, NULL);
+	REQUIRE(t_post_recv(r.qp, 900, buf, 64, mr->lkey) == 0, "ibv_post_recv");
+	REQUIRE(t_post_send(r.qp, 1, IBV_WR_SEND, buf, 8, mr->lkey, IBV_SEND_SIGNALED, 0, 0) == 0,
+		"ibv_post_send");
+	REQUIRE(t_expect_wc(r.send_cq, NULL, 1, IBV_WC_SUCCESS, IBV_WC_SEND, "SEND before the kill"),
+		"the connection does not work: the rest is meaningless");
+	t_peer_kill(p);
+	t0 = t_now_ms();
+	t_expect_wc(r.recv_cq, NULL, 900, IBV_WC_WR_FLUSH_ERR, -1,
+		    "the idle QP's receive after its peer died");
+	t_note("receive flushed %llu ms after the kill", (unsigned long long)(t_now_ms() - t0));
+	CHECK(t_qp_state(r.qp) == IBV_QPS_ERR, "QP is %s", t_qp_state_str(t_qp_state(r.qp)));
+	pf = (struct pollfd){ .fd = r.ctx->async_fd, .events = POLLIN };
+	if (CHECK(poll(&pf, 1, 1000) == 1, "no async event") &&
+	    CHECK(ibv_get_async_event(r.ctx, &ev) == 0, "ibv_get_async_event")) {
+		CHECK(ev.event_type == IBV_EVENT_QP_FATAL && ev.element.qp == r.qp,
+		      "async event %s", ibv_event_type_str(ev.event_type));
+		ibv_ack_async_event(&ev);
+	}
+	t_res_close(&r);
+	free(buf);
+}
+
 static void killed_child(struct t_peer *p, void *arg)
 {
 	struct t_res r;
@@ -486,5 +531,6 @@ int main(int argc, char **argv)
 		t_pair("rnr_retry_exceeded", rnr_parent, rnr_child, NULL);
 	t_pair("peer_killed_then_post", killed_parent, killed_child, NULL);
 	t_pair("peer_killed_with_sends_stalled_on_rnr", killed_parent, killed_child, (void *)1);
+	t_pair("peer_killed_while_idle", killed_idle_parent, killed_child, NULL);
 	return t_finish();
 }

@@ -441,7 +441,8 @@ static int find_loopback_gid(struct t_res *r)
 }
 
 /* Bind a socket to a port above (fake passive) or below (fake active) the
- * real QP's; listen on it when the fake side is passive. */
+ * real QP's, and listen on it: the fake QPN names it, and a real QP accepts
+ * a connection only from the owner of the listener its peer's QPN names. */
 static uint16_t own_port(struct ctx *c, uint16_t real_port, bool above)
 {
 	unsigned lo = above ? real_port + 1u : 1024, hi = above ? 65535 : real_port - 1u;
@@ -456,8 +457,7 @@ static uint16_t own_port(struct ctx *c, uint16_t real_port, bool above)
 					 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 
 		REQUIRE(fd >= 0, "socket: %s", strerror(errno));
-		if (!bind(fd, (struct sockaddr *)&sa, sizeof(sa)) &&
-		    (!above || !listen(fd, 4))) {
+		if (!bind(fd, (struct sockaddr *)&sa, sizeof(sa)) && !listen(fd, 4)) {
 			c->own_fd = fd;
 			return (uint16_t)port;
 		}

@@ -9,7 +9,12 @@
 #    one) is refused by root: shared memory is off, with an error that says
 #    why, and root's programs still work (over TCP);
 #  - a file of a third party, which the other user tries to make root write
-#    through files planted in that directory, is untouched.
+#    through files planted in that directory, is untouched;
+#  - a TCP QP of root's accepts only the peer it was given: the other user
+#    connecting from loopback and claiming to be that peer (a QP of root's)
+#    is refused, and so is anyone from another address than the peer's
+#    (tcp_impostor; root claiming it from the right address is accepted,
+#    which shows what refuses the others).
 # The user and everything it made are removed at the end.  Root only (exit
 # 77 otherwise).  Usage: cross_user.sh BUILD_DIR
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -41,6 +46,7 @@ TUID=$(id -u "$TU")
 chmod 755 "$WORK"
 mkdir -p "$WORK/u/bin" "$WORK/u/lib/urdma"
 cp "$URDMA" "$WORK/u/bin/urdma"
+cp "$BUILD/bin/tcp_impostor" "$WORK/u/bin/"
 cp -a "$BUILD"/lib/lib*.so* "$WORK/u/lib/urdma/"
 chmod -R a+rX "$WORK/u"
 U=$WORK/u/bin/urdma
@@ -92,6 +98,35 @@ for dir in root_user user_root; do
         show_log "$PAIR_CLI_LOG" client
     fi
 done
+
+# impostor NAME DGID JOINER WANT_JOIN WANT_VICTIM: root's victim QP expects
+# its peer at DGID; JOINER ("root" or "user") claims to be that peer.
+impostor() {
+    local name=$1 dgid=$2 who=$3 want_join=$4 want_victim=$5 a b vpid jrc vrc
+    local run="$ROOT_RUN"
+    [ "$who" = user ] && run="$USER_RUN"
+    budget_left "$name" || return 0
+    env URDMA_TRANSPORT=tcp timeout 20 $ROOT_RUN "$WORK/u/bin/tcp_impostor" victim "$dgid" 3 \
+        >"$WORK/$name.victim" 2>&1 &
+    vpid=$!
+    COMPAT_BG_PIDS+=("$vpid")
+    for _ in $(seq 50); do [ -s "$WORK/$name.victim" ] && break; sleep 0.1; done
+    read -r a b <"$WORK/$name.victim"
+    timeout 20 $run "$WORK/u/bin/tcp_impostor" join "$a" "$b" >"$WORK/$name.join" 2>&1
+    jrc=$?
+    wait "$vpid"
+    vrc=$?
+    if [ "$jrc" = "$want_join" ] && [ "$vrc" = "$want_victim" ]; then
+        pass "$name"
+    else
+        fail "$name" "join exit $jrc (want $want_join), victim exit $vrc (want $want_victim)"
+        show_log "$WORK/$name.victim" victim
+        show_log "$WORK/$name.join" join
+    fi
+}
+impostor tcp_user_claims_root_peer lid user 0 0
+impostor tcp_wrong_address 192.0.2.99 root 0 0
+impostor tcp_root_claims_root_peer lid root 3 3
 
 # A host directory the other user made, with what they planted in it: a
 # record for every QPN root's QPs could take is not possible, but a few

@@ -39,6 +39,7 @@
 
 #include "transport/tcp/crc32c.h"
 #include "transport/tcp/iwarp_parse.h"
+#include "transport/tcp/tcp_ident.h"
 #include "transport/transport.h"
 #include "util/alloc.h"
 #include "util/log.h"
@@ -133,6 +134,7 @@ struct tcp_conn {
 	_Atomic bool closing;
 	struct urdma_qp *qp;
 	uint32_t local_qpn, peer_qpn;
+	uint8_t src_gid[16]; /* active side: the address it connects from */
 	uint64_t since_ns; /* when the current state began */
 	struct sockaddr_in6 sa;
 	pthread_mutex_t rx_lock, tx_lock, ord_lock;
@@ -201,6 +203,7 @@ struct tcp_conn {
 	uint32_t unc_head, unc_tail, unc_size;
 	/* failure */
 	_Atomic bool dead;
+	uint64_t dead_ns; /* when it was found dead */
 	bool dead_handled;
 	bool shut; /* given up (conn_shut): what arrives is dropped */
 	/* tcp_maintain's watch on the oldest unconfirmed message */
@@ -499,6 +502,7 @@ static void conn_set_dead(struct tcp_conn *c, const char *why)
 {
 	if (atomic_exchange(&c->dead, true))
 		return;
+	c->dead_ns = urdma_now_ns();
 	urdma_info("tcp: qp %#x: connection to qp %#x lost: %s", c->local_qpn,
 		   c->peer_qpn, why);
 	urdma_progress_kick();
@@ -2065,11 +2069,35 @@ static void conn_up(struct tcp_conn *c)
 	urdma_progress_kick();
 }
 
-/* Passive side: the QP is ready for this connection.  Under T.lock. */
+static int peer_addr(struct urdma_qp *qp, const struct ibv_qp_attr *attr,
+		     struct sockaddr_in6 *sa);
+static void reject(struct tcp_conn *c, int why);
+
+/* Passive side: the QP is ready for this connection, if it comes from the
+ * peer the QP was given (tcp_ident.c).  Under T.lock. */
 static void conn_attach(struct tcp_conn *c, struct urdma_qp *qp)
 {
 	struct urdma_mpa_pd pd;
+	struct sockaddr_in6 expect;
+	int ret = peer_addr(qp, &qp->attr, &expect);
 
+	if (!ret)
+		ret = urdma_tcp_peer_check(c->fd, &expect, c->peer_qpn);
+	if (ret) {
+		char a[INET6_ADDRSTRLEN] = "?";
+		struct sockaddr_in6 from;
+		socklen_t len = sizeof(from);
+
+		if (!getpeername(c->fd, (struct sockaddr *)&from, &len))
+			inet_ntop(AF_INET6, &from.sin6_addr, a, sizeof(a));
+		urdma_warn("tcp: qp %#x: refused a connection from %s claiming "
+			   "qp %#x: %s", c->local_qpn, a, c->peer_qpn,
+			   ret == -EADDRNOTAVAIL ? "not the address it was given" :
+			   ret == -EACCES ? "a socket of another user than that QP's" :
+					    strerror(-ret));
+		reject(c, EACCES);
+		return;
+	}
 	c->qp = qp;
 	c->crc = c->crc || want_crc(); /* the Request's wish, or ours */
 	if (!unc_alloc(c, qp)) {
@@ -2184,6 +2212,9 @@ static int conn_start(struct tcp_conn *c)
 	if (c->fd < 0)
 		return -errno;
 	set_sock_opts(c->fd);
+	if (urdma_tcp_bind_source(c->fd, c->src_gid))
+		urdma_dbg("tcp: qp %#x: can't bind to its GID's address: %m",
+			  c->local_qpn);
 	atomic_store(&c->state, C_CONNECTING);
 	c->since_ns = urdma_now_ns();
 	if (connect(c->fd, (struct sockaddr *)&c->sa, sizeof(c->sa)) &&
@@ -2404,6 +2435,8 @@ static int tcp_connect(struct urdma_qp *qp, const struct ibv_qp_attr *attr)
 	c->local_qpn = qp->ibqp.qp_num;
 	c->peer_qpn = attr->dest_qp_num;
 	c->sa = sa;
+	if (attr->ah_attr.is_global)
+		memcpy(c->src_gid, sgid, 16);
 	list_add_tail(&c->node, &T.pending);
 	qp->tr_priv = c;
 	ret = conn_start(c);
@@ -2766,13 +2799,23 @@ static bool tcp_maintain(struct urdma_qp *qp)
 		conn_probe_overdue(c, qp);
 		/* Unconfirmed messages on a lost stream fail at once, the
 		 * first with RETRY_EXC_ERR, as when a NIC's retries run out.
-		 * An idle QP stays as it is, as on InfiniBand: its next WR
-		 * fails. */
-		if (atomic_load(&c->dead) && !c->dead_handled &&
-		    c->unc_head != c->unc_tail) {
-			c->dead_handled = true;
-			unc_settle(c, c->unc_head, IBV_WC_RETRY_EXC_ERR);
-			fail = true;
+		 * An idle QP goes to ERR once its retry budget has passed (1
+		 * s without one), as over shared memory when the peer process
+		 * dies: the library knows the peer is gone, so it says so
+		 * (receives flushed, QP_FATAL), while completions that came
+		 * before stay to be polled. */
+		if (atomic_load(&c->dead) && !c->dead_handled) {
+			if (c->unc_head != c->unc_tail) {
+				c->dead_handled = true;
+				unc_settle(c, c->unc_head, IBV_WC_RETRY_EXC_ERR);
+				fail = true;
+			} else if (urdma_now_ns() - c->dead_ns >=
+				   urdma_qp_loss_grace_ns(qp)) {
+				c->dead_handled = true;
+				fail = true;
+			} else {
+				again = true;
+			}
 		}
 	}
 	pthread_mutex_unlock(&c->rx_lock);
@@ -2799,7 +2842,9 @@ static void tcp_poll(struct urdma_qp *qp)
 {
 	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
 
-	if (!c || atomic_load(&c->state) != C_UP)
+	/* A stream found dead has nothing more to give: the progress thread
+	 * takes it from there (tcp_maintain). */
+	if (!c || atomic_load(&c->state) != C_UP || atomic_load(&c->dead))
 		return;
 	uint64_t seen, now = urdma_now_ns();
 	uint64_t prev = atomic_load_explicit(&c->last_poll_ns,
