@@ -40,19 +40,24 @@ bench: all
 	@scripts/deps.sh bench
 	bench/bench.sh $(BUILD)
 
-# libFuzzer on the iWARP parser for FUZZ_SECONDS (clang and its compiler-rt,
-# which scripts/deps.sh fuzz installs).  New inputs go to
-# $(FUZZ_BUILD)/corpus, crashes to $(FUZZ_BUILD)/crash-*; the seeds are
-# tests/fuzz/corpus.  `make check` replays the seeds without libFuzzer.
+# libFuzzer on the iWARP parser and on what is read from shared memory, for
+# FUZZ_SECONDS each (clang and its compiler-rt, which scripts/deps.sh fuzz
+# installs).  New inputs go to $(FUZZ_BUILD)/corpus*, crashes to
+# $(FUZZ_BUILD)/crash-*; the parser's seeds are tests/fuzz/corpus.
+# `make check` runs both without libFuzzer (fuzz_*_replay).
 FUZZ_SRC = tests/fuzz/fuzz_iwarp_parse.c src/transport/tcp/iwarp_parse.c src/transport/tcp/crc32c.c
+FUZZ_CORE = $(wildcard src/core/*.c src/transport/*.c src/transport/*/*.c src/util/*.c src/verbs/*.c)
+FUZZ_FLAGS = -g -O1 -fno-omit-frame-pointer -D_GNU_SOURCE -Isrc -Itests/common \
+	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 fuzz: deps
 	@scripts/deps.sh fuzz
-	@mkdir -p $(FUZZ_BUILD)/corpus
-	clang -g -O1 -fno-omit-frame-pointer -D_GNU_SOURCE -Isrc -Itests/common \
-		-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-		$(FUZZ_SRC) -o $(FUZZ_BUILD)/fuzz_iwarp_parse
+	@mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/corpus-shm
+	clang $(FUZZ_FLAGS) $(FUZZ_SRC) -o $(FUZZ_BUILD)/fuzz_iwarp_parse
+	clang $(FUZZ_FLAGS) tests/fuzz/fuzz_shm.c $(FUZZ_CORE) -lpthread -o $(FUZZ_BUILD)/fuzz_shm
 	cd $(FUZZ_BUILD) && ./fuzz_iwarp_parse -max_total_time=$(FUZZ_SECONDS) \
 		-print_final_stats=1 $(FUZZ_ARGS) corpus $(CURDIR)/tests/fuzz/corpus
+	cd $(FUZZ_BUILD) && URDMA_LOG_FILE=/dev/null ./fuzz_shm \
+		-max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(FUZZ_ARGS) corpus-shm
 
 install: all
 	cmake --install $(BUILD) --prefix $(PREFIX)
