@@ -1,0 +1,730 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The TCP transport's send path: framing FPDUs (MPA length, CRC32c,
+ * padding), writing a message (one buffer or a gather, waiting for room
+ * while reading), the responses the receive path queues (Read Responses,
+ * answers to flushes, atomic responses) and the stream's end (Terminate,
+ * FIN).
+ */
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "transport/tcp/crc32c.h"
+#include "transport/tcp/iwarp_parse.h"
+#include "transport/transport.h"
+#include "util/alloc.h"
+#include "util/log.h"
+#include "transport/tcp/tcp.h"
+
+/* Frame one segment around hdr (the DDP/RDMAP header and any opcode
+ * header) and plen payload bytes at offset off of the message: ULPDU
+ * length, L flag, TO (tagged) or MO (untagged).  Returns the CRC so far;
+ * the caller adds the payload's, then seg_close(). */
+uint32_t seg_open(struct tcp_conn *c, struct tx_seg *s,
+			 const uint8_t *hdr, uint32_t hlen, uint32_t plen,
+			 uint64_t off, bool last)
+{
+	uint32_t ulpdu = hlen + plen;
+
+	s->hdr[0] = ulpdu >> 8;
+	s->hdr[1] = ulpdu & 0xff;
+	memcpy(s->hdr + 2, hdr, hlen);
+	if (last)
+		s->hdr[2] |= DDP_FLAG_L;
+	else
+		s->hdr[2] &= ~DDP_FLAG_L;
+	if (hdr[0] & DDP_FLAG_T) {
+		uint64_t to;
+
+		memcpy(&to, hdr + 6, 8);
+		to = htobe64(be64toh(to) + off);
+		memcpy(s->hdr + 2 + 6, &to, 8);
+	} else {
+		uint32_t mo = htonl((uint32_t)off);
+
+		memcpy(s->hdr + 2 + 14, &mo, 4);
+	}
+	s->hlen = 2 + hlen;
+	s->tlen = ((4 - ((2 + ulpdu) & 3)) & 3) + 4; /* pad, CRC */
+	return c->crc ? urdma_crc32c_update(~0u, s->hdr, s->hlen) : 0;
+}
+
+void seg_close(struct tcp_conn *c, struct tx_seg *s, uint32_t crc)
+{
+	uint32_t pad = s->tlen - 4, v;
+
+	memset(s->trailer, 0, pad);
+	if (c->crc)
+		crc = urdma_crc32c_update(crc, s->trailer, pad);
+	v = c->crc ? MPA_CRC_WIRE(~crc) : 0;
+	memcpy(s->trailer + pad, &v, 4);
+}
+
+/*
+ * Frame the next FPDUs of a message into seg and iov: hdr (DDP+RDMAP
+ * header and any opcode header, hlen bytes, ULPDU length not included)
+ * then len bytes from spans, cut into segments, starting at offset *off.
+ * At most maxseg segments, within TX_IOV iovecs (*niov used so far);
+ * fiov[k] is the first iovec of segment k, and fiov[nseg] the end.
+ * Returns the segments framed (*off advanced past them; *end when the
+ * message's last is among them) or -EFAULT (spans shorter than len).
+ */
+int tcp_frame(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
+		 const struct urdma_span *sp, int nsp, uint64_t len,
+		 uint64_t *off, bool *end, struct tx_seg *seg, int maxseg,
+		 struct iovec *iov, int *niov, int *fiov)
+{
+	int nseg = 0;
+
+	*end = false;
+	while (nseg < maxseg && !*end) {
+		uint32_t plen = len - *off > IWARP_SEG_PAYLOAD ?
+					IWARP_SEG_PAYLOAD :
+					(uint32_t)(len - *off);
+		struct tx_seg *s = &seg[nseg];
+		uint32_t crc = seg_open(c, s, hdr, hlen, plen, *off,
+					*off + plen == len);
+		uint64_t pos = *off, soff = pos;
+		int si = 0, n = *niov;
+
+		/* The span and offset where this segment starts. */
+		while (si < nsp && soff >= sp[si].len)
+			soff -= sp[si++].len;
+		iov[n++] = (struct iovec){ s->hdr, s->hlen };
+		for (uint32_t left = plen; left;) {
+			uint64_t avail, k;
+			uint8_t *p;
+
+			while (si < nsp && soff == sp[si].len)
+				si++, soff = 0;
+			if (si == nsp)
+				return -EFAULT;
+			if (sp[si].ptr) {
+				p = sp[si].ptr + soff;
+				avail = sp[si].len - soff;
+			} else {
+				p = urdma_self_ptr(sp[si].va + soff, &avail);
+				if (!p)
+					return -EFAULT;
+			}
+			k = left;
+			if (k > sp[si].len - soff)
+				k = sp[si].len - soff;
+			if (k > avail)
+				k = avail;
+			/* Room for this piece, the trailer and a flush tail. */
+			if (n >= TX_IOV - 3) {
+				if (nseg)
+					return nseg; /* the rest next time */
+				return -EFAULT;	     /* too fragmented */
+			}
+			iov[n++] = (struct iovec){ p, k };
+			if (c->crc)
+				crc = urdma_crc32c_update(crc, p, k);
+			soff += k;
+			left -= k;
+		}
+		seg_close(c, s, crc);
+		iov[n++] = (struct iovec){ s->trailer, s->tlen };
+		fiov[nseg++] = *niov;
+		fiov[nseg] = n;
+		*niov = n;
+		*off = pos + plen;
+		*end = *off == len;
+		if (n >= TX_IOV - 5)
+			break;
+	}
+	return nseg;
+}
+
+static bool conn_giving_up(struct tcp_conn *c)
+{
+	return atomic_load(&c->dead) || atomic_load(&c->closing) ||
+	       (c->qp && atomic_load(&c->qp->shm->state) >= URDMA_SQPS_ERR);
+}
+
+/*
+ * Wait until the socket takes more, or the stream is given up.  The peer
+ * may be waiting for us to read (both sides sending at once): a thread that
+ * waits for room receives meanwhile (and ends a send-time park), unless
+ * another thread is at it.  The receive path it runs never waits for
+ * tx_lock (responses are queued, a Terminate goes when tx_lock is let go:
+ * tx_fin, a WR it makes runnable is not sent from there: rx_owner), so
+ * holding it here is safe.  Under tx_lock.
+ */
+int tx_wait(struct tcp_conn *c)
+{
+	struct pollfd p = { .fd = c->fd, .events = POLLOUT };
+
+	if (conn_giving_up(c))
+		return -EPIPE;
+	/* If rx_lock is busy, its holder is receiving; tcp_maintain unparks
+	 * a stream that nobody polls. */
+	if (!pthread_mutex_trylock(&c->rx_lock)) {
+		if (atomic_exchange(&c->tx_parked, TXP_NONE) && !c->closing)
+			conn_park(c, false);
+		rx_locked(c, HOLD_APP_NS);
+		/* Wake for data too, unless a Send waits for a receive. */
+		if (!atomic_load(&c->stalled) && !atomic_load(&c->dead))
+			p.events |= POLLIN;
+		pthread_mutex_unlock(&c->rx_lock);
+	}
+	poll(&p, 1, 100);
+	return 0;
+}
+
+/* iov as one buffer (*len bytes), copied into buf when it has more than
+ * one iovec and at most TX_GATHER bytes; NULL when it has more.  A
+ * message of up to 4 KiB (its FPDU, the answers and the flush tail that
+ * go with it: 7 iovecs) then goes out by send(), which costs less than
+ * sendmsg(), and sendmsg() costs more with each iovec. */
+static const void *tx_flat(const struct iovec *iov, int n, uint8_t *buf,
+			   size_t *len)
+{
+	size_t k = 0;
+
+	if (n == 1) {
+		*len = iov->iov_len;
+		return iov->iov_base;
+	}
+	for (int i = 0; i < n && k <= TX_GATHER; i++)
+		k += iov[i].iov_len;
+	if (k > TX_GATHER)
+		return NULL;
+	*len = k;
+	for (k = 0; n--; iov++) {
+		memcpy(buf + k, iov->iov_base, iov->iov_len);
+		k += iov->iov_len;
+	}
+	return buf;
+}
+
+/*
+ * Write some of iov without waiting.  Returns the bytes written, or
+ * -EAGAIN, or an error (the stream is dead).  With more, the same thread
+ * writes the rest of the message next: MSG_MORE keeps TCP from pushing
+ * the partly filled segment this write ends with (TCP_NODELAY would), so
+ * a long message goes out in full-sized segments.  The last write of a
+ * message is pushed.  Under tx_lock (tx_buf).
+ */
+static ssize_t tx_some(struct tcp_conn *c, struct iovec *iov, int n,
+		       bool more)
+{
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
+	int flags = MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0);
+	size_t len;
+	const void *flat = tx_flat(iov, n, c->tx_buf, &len);
+
+	if (atomic_load(&c->tx_broken))
+		return -EPIPE;
+	for (;;) {
+		/* No SIGPIPE for the application when the peer is gone. */
+		ssize_t k = flat ? send(c->fd, flat, len, flags) :
+				   sendmsg(c->fd, &mh, flags);
+
+		if (k >= 0)
+			return k;
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN)
+			return -EAGAIN;
+		conn_set_dead(c, strerror(errno));
+		return -errno;
+	}
+}
+
+/* ---- responses ---- */
+
+/* Queue a response, to go within hold_ns (0: now, due 0).  Receive path
+ * (rx_lock).  -ENOSPC: the peer asks more than it reads. */
+int rsp_push(struct tcp_conn *c, const struct tcp_rsp *r,
+		    uint64_t hold_ns)
+{
+	uint64_t due = hold_ns ? urdma_now_ns() + hold_ns : 0;
+
+	pthread_mutex_lock(&c->rsp_lock);
+	if (c->rsp_tail - c->rsp_head == c->rsp_size) {
+		uint32_t n = c->rsp_size ? 2 * c->rsp_size : 16;
+		struct tcp_rsp *q =
+			n <= RSP_MAX ? urdma_ring_move(c->rsp, c->rsp_size,
+						       c->rsp_head, c->rsp_size,
+						       n, sizeof(*q)) :
+				       NULL;
+
+		if (!q) {
+			pthread_mutex_unlock(&c->rsp_lock);
+			return -ENOSPC;
+		}
+		c->rsp = q;
+		c->rsp_head = 0;
+		c->rsp_tail = c->rsp_size;
+		c->rsp_size = n;
+	}
+	if (c->rsp_head == c->rsp_tail || due < atomic_load(&c->rsp_due))
+		atomic_store(&c->rsp_due, due);
+	c->rsp[c->rsp_tail++ & (c->rsp_size - 1)] = *r;
+	atomic_fetch_add(&c->rsp_n, 1);
+	if (r->read && r->len)
+		atomic_fetch_add(&c->rsp_data, 1);
+	pthread_mutex_unlock(&c->rsp_lock);
+	if (hold_ns)
+		urdma_progress_by(due);
+	return 0;
+}
+
+/* Send what the socket takes now of buf's len bytes from *off on,
+ * advancing *off.  Returns 0 (progress), -EAGAIN or an error.  Under
+ * tx_lock. */
+static int tx_rest(struct tcp_conn *c, uint8_t *buf, uint32_t len,
+		   uint32_t *off)
+{
+	struct iovec v = { buf + *off, len - *off };
+	ssize_t k = tx_some(c, &v, 1, false);
+
+	if (k < 0)
+		return (int)k;
+	*off += (uint32_t)k;
+	return 0;
+}
+
+/* Send what the socket takes now of the cut FPDU's end (res).  Returns 0
+ * (progress), -EAGAIN or an error.  Under tx_lock. */
+static int res_send(struct tcp_conn *c)
+{
+	int r = tx_rest(c, c->res, c->res_len, &c->res_off);
+
+	if (r)
+		return r;
+	if (c->res_off == c->res_len) {
+		c->res_len = c->res_off = 0;
+		atomic_fetch_sub(&c->rsp_n, 1);
+	}
+	return 0;
+}
+
+/* Send the cut FPDU's end, then the next FPDUs of the oldest response,
+ * as much as the socket takes now; an FPDU it cuts is kept whole in res.
+ * Returns 0 (progress), -EAGAIN or an error.  Under tx_lock. */
+static int rsp_step(struct tcp_conn *c)
+{
+	struct tx_seg seg[RSP_SEGS];
+	struct iovec iov[TX_IOV];
+	int fiov[RSP_SEGS + 1], niov = 0, nseg, done = 0;
+	struct tcp_rsp r;
+	struct urdma_span sp;
+	uint64_t off;
+	ssize_t k;
+	bool end;
+
+	if (c->res_len)
+		return res_send(c);
+	pthread_mutex_lock(&c->rsp_lock);
+	if (c->rsp_head == c->rsp_tail) {
+		pthread_mutex_unlock(&c->rsp_lock);
+		return 0;
+	}
+	r = c->rsp[c->rsp_head & (c->rsp_size - 1)];
+	pthread_mutex_unlock(&c->rsp_lock);
+	sp = (struct urdma_span){ .va = r.va, .len = r.len };
+	off = r.off;
+	nseg = tcp_frame(c, r.hdr, r.hlen, &sp, r.read, r.len, &off, &end, seg,
+		     RSP_SEGS, iov, &niov, fiov);
+	if (nseg < 0) {
+		/* The region was deregistered after the Read was checked. */
+		conn_set_dead(c, "a Read's source region went away");
+		return -EFAULT;
+	}
+	k = tx_some(c, iov, niov, false);
+	if (k < 0)
+		return (int)k;
+	/* Whole FPDUs written, then the one cut, if any, kept in res. */
+	for (off = r.off; done < nseg; done++) {
+		size_t flen = 0;
+
+		for (int i = fiov[done]; i < fiov[done + 1]; i++)
+			flen += iov[i].iov_len;
+		if ((size_t)k < flen && k > 0) {
+			for (int i = fiov[done]; i < fiov[done + 1]; i++) {
+				size_t skip = (size_t)k < iov[i].iov_len ? (size_t)k :
+									   iov[i].iov_len;
+
+				memcpy(c->res + c->res_len,
+				       (uint8_t *)iov[i].iov_base + skip,
+				       iov[i].iov_len - skip);
+				c->res_len += iov[i].iov_len - skip;
+				k -= skip;
+			}
+			atomic_fetch_add(&c->rsp_n, 1);
+		} else if ((size_t)k < flen) {
+			break;
+		} else {
+			k -= flen;
+		}
+		off += r.len - off > IWARP_SEG_PAYLOAD ? IWARP_SEG_PAYLOAD :
+							r.len - off;
+	}
+	pthread_mutex_lock(&c->rsp_lock);
+	if (done == nseg && end) {
+		c->rsp_head++;
+		atomic_fetch_sub(&c->rsp_n, 1);
+		if (r.read && r.len)
+			atomic_fetch_sub(&c->rsp_data, 1);
+	} else {
+		c->rsp[c->rsp_head & (c->rsp_size - 1)].off = off;
+	}
+	pthread_mutex_unlock(&c->rsp_lock);
+	return done ? 0 : -EAGAIN;
+}
+
+/* Send every queued response; with wait, waiting for room, else up to
+ * -EAGAIN.  Under tx_lock. */
+static int rsp_pump(struct tcp_conn *c, bool wait)
+{
+	while (atomic_load(&c->rsp_n)) {
+		int r = rsp_step(c);
+
+		if (r == -EAGAIN && wait)
+			r = tx_wait(c);
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
+/* Watch for data unless parked, and for room while responses wait. */
+void conn_watch(struct tcp_conn *c)
+{
+	pthread_mutex_lock(&c->watch_lock);
+	urdma_progress_watch_events(
+		c->fd,
+		EPOLLET | (atomic_load(&c->parked) ? 0 : EPOLLIN) |
+			(atomic_load(&c->want_out) ? EPOLLOUT : 0),
+		URDMA_WATCH_FN, &c->w, true);
+	pthread_mutex_unlock(&c->watch_lock);
+}
+
+/* Send the queued responses if tx_lock is free (its holder sends them
+ * otherwise, tx_unlock); what the socket does not take now, the progress
+ * thread sends when there is room.  Never waits. */
+void rsp_send(struct tcp_conn *c)
+{
+	/* A dead stream's answers are dropped. */
+	while (!atomic_load(&c->dead) && atomic_load(&c->rsp_n) &&
+	       !pthread_mutex_trylock(&c->tx_lock)) {
+		int r = rsp_pump(c, false);
+
+		pthread_mutex_unlock(&c->tx_lock);
+		if (r == -EAGAIN && !atomic_exchange(&c->want_out, true))
+			conn_watch(c);
+		if (r)
+			break;
+	}
+	tx_fin(c); /* a stream given up while we held tx_lock */
+}
+
+/* The queued responses, if the oldest is due (rsp_push). */
+void rsp_send_due(struct tcp_conn *c)
+{
+	if (atomic_load(&c->rsp_n) && urdma_now_ns() >= atomic_load(&c->rsp_due))
+		rsp_send(c);
+}
+
+void tx_unlock(struct tcp_conn *c)
+{
+	pthread_mutex_unlock(&c->tx_lock);
+	rsp_send(c);
+}
+
+/* Past k bytes written of the n iovecs at *iov. */
+static void iov_skip(struct iovec **iov, int *n, size_t k)
+{
+	while (*n && k >= (*iov)->iov_len) {
+		k -= (*iov)->iov_len;
+		(*iov)++;
+		(*n)--;
+	}
+	if (*n) {
+		(*iov)->iov_base = (uint8_t *)(*iov)->iov_base + k;
+		(*iov)->iov_len -= k;
+	}
+}
+
+/* The rest of a write that a sender gives up on, for the stream to end
+ * on an FPDU's end (a Terminate follows): waiting for room, but not for
+ * longer than TX_DRAIN_MS.  0 when all of it went.  Under tx_lock. */
+#define TX_DRAIN_MS 1000
+
+static int tx_drain(struct tcp_conn *c, struct iovec *iov, int n)
+{
+	uint64_t end = urdma_now_ns() + TX_DRAIN_MS * 1000000ull;
+
+	while (n) {
+		ssize_t k = tx_some(c, iov, n, false);
+		uint64_t now = urdma_now_ns();
+
+		if (k == -EAGAIN) {
+			struct pollfd p = { .fd = c->fd, .events = POLLOUT };
+
+			if (now >= end)
+				return -ETIMEDOUT;
+			poll(&p, 1, (int)((end - now) / 1000000 + 1));
+			continue;
+		}
+		if (k < 0)
+			return (int)k;
+		iov_skip(&iov, &n, (size_t)k);
+	}
+	return 0;
+}
+
+/* Write all of iov, waiting for room (more: see tx_some).  Under
+ * tx_lock. */
+int tx_all(struct tcp_conn *c, struct iovec *iov, int n, bool more)
+{
+	bool partial = false;
+
+	while (n) {
+		ssize_t k = tx_some(c, iov, n, more);
+
+		if (k == -EAGAIN) {
+			int r = tx_wait(c);
+
+			if (r) {
+				/* Part of an FPDU may be out: nothing may
+				 * follow it on this stream, unless the rest
+				 * goes now, for its end (tx_fin) to follow. */
+				if (partial && (!atomic_load(&c->fin_want) ||
+						tx_drain(c, iov, n)))
+					atomic_store(&c->tx_broken, true);
+				return r;
+			}
+			continue;
+		}
+		if (k < 0)
+			return (int)k;
+		partial = true;
+		iov_skip(&iov, &n, (size_t)k);
+	}
+	return 0;
+}
+
+/* Frame the queued responses that carry no data (answers to flushes,
+ * atomic responses), oldest first, into seg/iov, at most max iovecs: they
+ * go in the same writev as the message they ride with, so the peer finds
+ * them with it.  Returns the iovecs used.  Under tx_lock, with no FPDU
+ * cut. */
+static int rsp_take(struct tcp_conn *c, struct tx_seg *seg, struct iovec *iov,
+		    int max)
+{
+	int n = 0;
+
+	if (!atomic_load(&c->rsp_n))
+		return 0; /* the common case: no lock per message */
+	if (max > 2 * RSP_TAKE)
+		max = 2 * RSP_TAKE;
+	pthread_mutex_lock(&c->rsp_lock);
+	while (n + 2 <= max && c->rsp_head != c->rsp_tail) {
+		struct tcp_rsp *r = &c->rsp[c->rsp_head & (c->rsp_size - 1)];
+		struct tx_seg *s = &seg[n / 2];
+
+		if (r->read && r->len)
+			break;
+		seg_close(c, s, seg_open(c, s, r->hdr, r->hlen, 0, 0, true));
+		iov[n++] = (struct iovec){ s->hdr, s->hlen };
+		iov[n++] = (struct iovec){ s->trailer, s->tlen };
+		c->rsp_head++;
+		atomic_fetch_sub(&c->rsp_n, 1);
+	}
+	pthread_mutex_unlock(&c->rsp_lock);
+	return n;
+}
+
+/*
+ * Send one message (see tcp_frame), waiting for room.  Queued responses go
+ * first (those without data in the same writev), a pending tail
+ * (tx_flush_tail) last, in the same writev.  A Write takes the answers
+ * without data at its end instead, before the tail, when nothing with
+ * data waits: a peer that waits for its own message's completion (an
+ * answer) then goes on receiving until our Write is all there, and does
+ * not leave to spin on memory for the rest of it (ib_write_lat), which
+ * its progress thread would have to receive.  Not a Send: a peer with no
+ * receive posted stops reading at it, and its answers would wait too.
+ * Under tx_lock.
+ */
+int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
+		  const struct urdma_span *sp, int nsp, uint64_t len)
+{
+	struct tx_seg seg[TX_IOV / 4], pseg[RSP_TAKE];
+	struct iovec iov[TX_IOV];
+	int fiov[TX_IOV / 4 + 1], niov = 0;
+	uint64_t off = 0;
+	/* A Write, with no cut FPDU and no Read Response with data queued */
+	bool end = false, late = (hdr[0] & DDP_FLAG_T) && !c->res_len &&
+				 !atomic_load(&c->rsp_data);
+	int ret = 0;
+
+	if (!c->res_len && !late)
+		niov = rsp_take(c, pseg, iov, 2 * RSP_TAKE);
+	if (!late && atomic_load(&c->rsp_n) && niov < 2 * RSP_TAKE) {
+		/* A Read Response or a cut FPDU is next: send it all first. */
+		ret = tx_all(c, iov, niov, false);
+		if (!ret)
+			ret = rsp_pump(c, true);
+		niov = 0;
+	}
+	while (!ret && !end) {
+		int n;
+
+		/* A stream given up meanwhile ends here, on an FPDU's end. */
+		if (off && conn_giving_up(c))
+			return -EPIPE;
+		n = tcp_frame(c, hdr, hlen, sp, nsp, len, &off, &end, seg,
+			  TX_IOV / 4, iov, &niov, fiov);
+
+		if (n < 0)
+			return n;
+		if (end && late)
+			niov += rsp_take(c, pseg, iov + niov, TX_IOV - 2 - niov);
+		if (end && c->tx_tail.hlen) {
+			iov[niov++] = (struct iovec){ c->tx_tail.hdr,
+						      c->tx_tail.hlen };
+			iov[niov++] = (struct iovec){ c->tx_tail.trailer,
+						      c->tx_tail.tlen };
+			c->tx_tail.hlen = 0;
+		}
+		ret = tx_all(c, iov, niov, !end);
+		niov = 0;
+	}
+	return ret;
+}
+
+uint32_t tcp_put_untagged(uint8_t *h, unsigned op, uint32_t qn,
+			     uint32_t msn)
+{
+	struct ddp_untagged_hdr u = {
+		.ddp_ctrl = DDP_VERSION,
+		.rdmap_ctrl = RDMAP_VERSION << RDMAP_RV_SHIFT | op,
+		.qn = htonl(qn),
+		.msn = htonl(msn),
+	};
+
+	memcpy(h, &u, sizeof(u));
+	return sizeof(u);
+}
+
+uint32_t tcp_put_tagged(uint8_t *h, unsigned op, uint32_t stag,
+			   uint64_t to)
+{
+	struct ddp_tagged_hdr t = {
+		.ddp_ctrl = DDP_FLAG_T | DDP_VERSION,
+		.rdmap_ctrl = RDMAP_VERSION << RDMAP_RV_SHIFT | op,
+		.stag = htonl(stag),
+		.to = htobe64(to),
+	};
+
+	memcpy(h, &t, sizeof(t));
+	return sizeof(t);
+}
+
+/* An untagged control message with a fixed body.  Under tx_lock. */
+int tx_ctrl(struct tcp_conn *c, unsigned op, uint32_t qn,
+		   const void *body, uint32_t blen)
+{
+	uint8_t h[sizeof(struct ddp_untagged_hdr) + 64];
+	uint32_t n = tcp_put_untagged(h, op, qn, c->tx_msn[qn]++);
+
+	memcpy(h + n, body, blen);
+	return tx_msg(c, h, n + blen, NULL, 0, 0);
+}
+
+/* Frame the Terminate for the segment whose DDP header is at hdr, in the
+ * receive buffer right after its ULPDU length: with D, that header
+ * (hdr_len bytes, and the Read Request body after it when R is set too)
+ * and, with M, the segment's length.  It goes before the FIN (tx_fin).
+ * Under rx_lock, before conn_shut. */
+void term_frame(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
+		       uint32_t hdr_len)
+{
+	struct rdmap_terminate t = { .ctrl = htonl(ctrl) };
+	uint8_t h[sizeof(struct ddp_untagged_hdr) + sizeof(t)];
+	uint32_t blen = 4, n;
+	struct tx_seg s;
+
+	if (hdr_len && (ctrl >> 13 & TERM_HDRCT_D)) {
+		if (ctrl >> 13 & TERM_HDRCT_R)
+			hdr_len += sizeof(struct rdmap_read_req);
+		t.ctrl = htonl(ctrl | TERM_HDRCT_M << 13);
+		memcpy(&t.ddp_seg_len, hdr - 2, 2);
+		memcpy(t.hdr, hdr, hdr_len);
+		blen = 4 + 2 + hdr_len;
+	}
+	n = tcp_put_untagged(h, RDMAP_TERMINATE, DDP_QN_TERM,
+			 c->tx_msn[DDP_QN_TERM]++);
+	memcpy(h + n, &t, blen);
+	seg_close(c, &s, seg_open(c, &s, h, n + blen, 0, 0, true));
+	memcpy(c->term, s.hdr, s.hlen);
+	memcpy(c->term + s.hlen, s.trailer, s.tlen);
+	c->term_len = s.hlen + s.tlen;
+	c->term_off = 0;
+	c->term_ctrl = ctrl;
+}
+
+/*
+ * The end of a stream we gave up on (conn_shut): the rest of a Read
+ * Response FPDU that a write cut, the Terminate (term_frame), then the
+ * FIN.  Nothing but the FIN follows an FPDU that a sender cut
+ * (tx_broken).  Never waits: returns true when the socket has no room
+ * now (the progress thread goes on when it has: conn_cb).  Under tx_lock.
+ */
+static bool tx_fin_locked(struct tcp_conn *c)
+{
+	int r = 0;
+
+	while (!r && c->res_len)
+		r = res_send(c);
+	while (!r && c->term_off < c->term_len) {
+		r = tx_rest(c, c->term, c->term_len, &c->term_off);
+		if (!r && c->term_off == c->term_len)
+			urdma_info("tcp: qp %#x: sent TERMINATE (layer %u type %u "
+				   "code %#x)", c->local_qpn,
+				   TERM_LAYER(c->term_ctrl),
+				   TERM_ETYPE(c->term_ctrl),
+				   TERM_ECODE(c->term_ctrl));
+	}
+	if (r == -EAGAIN)
+		return true;
+	if (c->term_off < c->term_len)
+		urdma_info("tcp: qp %#x: TERMINATE not sent: %s", c->local_qpn,
+			   atomic_load(&c->tx_broken) ?
+				   "the stream was cut inside an FPDU" :
+				   strerror(-r));
+	shutdown(c->fd, SHUT_WR);
+	atomic_store(&c->fin_want, false);
+	return false;
+}
+
+/* End a given-up stream (tx_fin_locked) if tx_lock is free; its holder
+ * does it otherwise, when it lets go (tx_unlock, rsp_send).  Never
+ * waits. */
+void tx_fin(struct tcp_conn *c)
+{
+	bool full;
+
+	if (!atomic_load(&c->fin_want) || pthread_mutex_trylock(&c->tx_lock))
+		return;
+	full = atomic_load(&c->fin_want) && tx_fin_locked(c);
+	pthread_mutex_unlock(&c->tx_lock);
+	if (full && !atomic_exchange(&c->want_out, true))
+		conn_watch(c);
+}
