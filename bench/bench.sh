@@ -23,6 +23,8 @@
 # (bench/tcp_connrate.c), rstream on rsockets next to rstream -T s on kernel
 # TCP sockets; BENCH_CM=0 leaves them out, BENCH_CM_REPS default 5,
 # BENCH_CM_BUDGET seconds default 120, BENCH_CM_CONNS default 200).
+# Then ibv_reg_mr and fork cost next to memcpy (bench_reg below, BENCH_REG=0
+# leaves it out).
 # Environment: BENCH_REPS (default 5), BENCH_BUDGET seconds (default 240;
 # no new repetition starts after it), BENCH_DEVICE (default urdma0),
 # BENCH_PORT (first TCP port, default 18800).
@@ -681,6 +683,30 @@ bench_cm() {
     } | tee -a "$RESULTS"
 }
 
+# Registration and fork cost (bench/reg_bench.c): ibv_reg_mr of fresh memory
+# 4 KiB to 1 GiB next to memcpy of the same bytes, and fork + exit with that
+# memory registered next to a fork before it.  BENCH_REG=0 leaves it out;
+# BENCH_REG_MAX_MIB (default 1024), BENCH_REG_REPS (default 3).
+bench_reg() {
+    local bin=$OUTDIR/reg_bench
+    if ! ${CC:-cc} -O2 -o "$bin" "$HERE/reg_bench.c" -L"$BUILD/lib" \
+            -Wl,-rpath,"$BUILD/lib" -l:libibverbs.so.1 >"$LOGS/reg_bench-build.log" 2>&1; then
+        say "bench: building bench/reg_bench.c failed (see $LOGS/reg_bench-build.log)"
+        return
+    fi
+    {
+        echo
+        echo "## Registration and fork"
+        echo
+        echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC'), median of ${BENCH_REG_REPS:-3}; fresh private" \
+             "anonymous memory, written once; GB = 1e9 B. reg/memcpy: how many memcpys of the" \
+             "same bytes one registration costs."
+        echo
+        timeout 600 "$bin" "${BENCH_REG_MAX_MIB:-1024}" "${BENCH_REG_REPS:-3}" 2>"$LOGS/reg_bench.log"
+    } | tee -a "$RESULTS"
+}
+
+[ "${BENCH_REG:-1}" = 1 ] && bench_reg
 [ "${BENCH_CM:-1}" = 1 ] && bench_cm
 say "bench: results written to $RESULTS"
 exit 0

@@ -175,15 +175,13 @@ void urdma_arena_free(void *p, size_t size, bool quarantine)
 	pthread_mutex_unlock(&A.lock);
 }
 
-/* A forked child's chunks became private copies (the fork handler of
- * backing.c): they are the parent's, never handed out again. */
-static void arena_atfork_child(void)
+/* In a forked child the QPs, and so the blocks, are the parent's: the
+ * chunks go before backing.c's fork handler would copy them (it calls
+ * this first). */
+void urdma_arena_atfork_child(void)
 {
+	for (int i = 0; i < A.n; i++)
+		munmap(A.c[i]->base, CHUNK_SIZE);
 	memset(&A, 0, sizeof(A));
 	pthread_mutex_init(&A.lock, NULL);
-}
-
-__attribute__((constructor)) static void arena_init(void)
-{
-	pthread_atfork(NULL, NULL, arena_atfork_child);
 }

@@ -98,64 +98,6 @@ void *urdma_wintab_ptr(struct urdma_wintab *t, pthread_mutex_t *lock,
 	return base + (va & (URDMA_WIN_SIZE - 1));
 }
 
-/*
- * In a forked child, registered pages would stay shared with the parent.
- * Give the child private copies (what fork promises) and drop our windows.
- * The child is single-threaded here.
- */
-void urdma_backing_atfork_child(void)
-{
-	FILE *f;
-	char line[512];
-
-	if (urdma_proc.memfd < 0)
-		return;
-	f = fopen("/proc/self/maps", "re");
-	while (f && fgets(line, sizeof(line), f)) {
-		unsigned long start, end, off, ino;
-		char perms[8];
-		void *tmp;
-
-		if (sscanf(line, "%lx-%lx %7s %lx %*s %lu", &start, &end, perms,
-			   &off, &ino) != 5 || ino != urdma_proc.memfd_ino)
-			continue;
-		if (off != start || perms[0] != 'r') {
-			munmap((void *)start, end - start);
-			continue;
-		}
-		tmp = mmap(NULL, end - start, PROT_READ | PROT_WRITE,
-			   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		if (tmp == MAP_FAILED)
-			continue;
-		/* From the memfd (identity offsets), not through the mapping:
-		 * the same bytes, and a sanitizer does not take whole pages
-		 * of a registered heap for an overflow. */
-		for (size_t got = 0, k; got < end - start; got += k) {
-			ssize_t r = pread(urdma_proc.memfd, (char *)tmp + got,
-					  end - start - got, (off_t)(off + got));
-
-			if (r <= 0) {
-				memcpy((char *)tmp + got, (char *)start + got,
-				       end - start - got);
-				break;
-			}
-			k = (size_t)r;
-		}
-		mprotect(tmp, end - start,
-			 (perms[0] == 'r' ? PROT_READ : 0) |
-				 (perms[1] == 'w' ? PROT_WRITE : 0) |
-				 (perms[2] == 'x' ? PROT_EXEC : 0));
-		mremap(tmp, end - start, end - start,
-		       MREMAP_MAYMOVE | MREMAP_FIXED, (void *)start);
-	}
-	if (f)
-		fclose(f);
-	close(urdma_proc.memfd);
-	urdma_proc.memfd = -1;
-	urdma_proc.memfd_ino = 0;
-	memset(&self_win, 0, sizeof(self_win));
-}
-
 static int memfd_create_locked(void)
 {
 	struct stat st;
@@ -196,7 +138,7 @@ int urdma_memfd(void)
 
 struct vma {
 	uint64_t start, end, off, ino;
-	char perms[8];
+	char perms[5];
 };
 
 static int prot_of(const char *perms)
@@ -206,101 +148,215 @@ static int prot_of(const char *perms)
 	       (perms[2] == 'x' ? PROT_EXEC : 0);
 }
 
-/*
- * Back [start, start+len) (page aligned) with the identity memfd.  Pages
- * already backed are left alone; private mappings are copied into the memfd
- * and replaced in place.  Shared mappings of other files can't be backed.
- * Called with urdma_proc.lock held.
- */
-static int back_range_locked(uint64_t start, uint64_t len)
+/* A backing job: the range, and room for /proc/self/maps and the mappings
+ * over the range, taken before the world stops (nothing may allocate
+ * then).  What went wrong is kept for the log, written after. */
+struct back_job {
+	uint64_t start, end;
+	char *buf;
+	size_t cap;
+	struct vma *v;
+	int vcap, nv;
+	uint64_t bad_start, bad_end;
+};
+
+static uint64_t hex_at(const char **p)
 {
-	uint64_t end = start + len, cur = start;
-	struct vma *v = NULL;
-	int nv = 0, cap = 0, ret = 0;
-	char line[512];
-	FILE *f;
+	uint64_t x = 0;
 
-	ret = memfd_create_locked();
-	if (ret)
-		return ret;
-	f = fopen("/proc/self/maps", "re");
-	if (!f)
+	for (;; (*p)++) {
+		char c = **p;
+
+		if (c >= '0' && c <= '9')
+			x = x << 4 | (uint64_t)(c - '0');
+		else if (c >= 'a' && c <= 'f')
+			x = x << 4 | (uint64_t)(c - 'a' + 10);
+		else
+			return x;
+	}
+}
+
+static void skip_field(const char **p)
+{
+	while (**p && **p != ' ' && **p != '\n')
+		(*p)++;
+	while (**p == ' ')
+		(*p)++;
+}
+
+/* The mappings over [start, end), from a copy of /proc/self/maps: how
+ * many, or -ENOBUFS (the buffers are too small). */
+static int maps_read(struct back_job *j)
+{
+	const char *p, *e;
+	size_t len = 0;
+	int fd, nv = 0;
+	ssize_t n;
+
+	fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
 		return -errno;
-	while (fgets(line, sizeof(line), f)) {
-		struct vma x;
+	while ((n = read(fd, j->buf + len, j->cap - len)) > 0)
+		len += (size_t)n;
+	close(fd);
+	if (n < 0)
+		return -errno;
+	if (len == j->cap)
+		return -ENOBUFS;
+	for (p = j->buf, e = j->buf + len; p < e;) {
+		struct vma x = { 0 };
+		const char *q;
 
-		if (sscanf(line, "%" SCNx64 "-%" SCNx64 " %7s %" SCNx64
-				 " %*s %" SCNu64,
-			   &x.start, &x.end, x.perms, &x.off, &x.ino) != 5)
+		x.start = hex_at(&p);
+		p++; /* '-' */
+		x.end = hex_at(&p);
+		p++;
+		memcpy(x.perms, p, 4);
+		skip_field(&p);
+		x.off = hex_at(&p);
+		p++;
+		skip_field(&p); /* device */
+		for (q = p; *q >= '0' && *q <= '9'; q++)
+			x.ino = x.ino * 10 + (uint64_t)(*q - '0');
+		while (p < e && *p != '\n')
+			p++;
+		p++;
+		if (x.end <= j->start || x.start >= j->end)
 			continue;
-		if (x.end <= start || x.start >= end)
-			continue;
-		if (nv == cap) {
-			struct vma *nvv;
+		if (nv == j->vcap)
+			return -ENOBUFS;
+		j->v[nv++] = x;
+	}
+	return nv;
+}
 
-			cap = cap ? cap * 2 : 8;
-			nvv = realloc(v, cap * sizeof(*v));
-			if (!nvv) {
-				ret = -ENOMEM;
-				goto out;
+static bool backed(const struct vma *v)
+{
+	return v->ino == urdma_proc.memfd_ino && v->off == v->start;
+}
+
+/*
+ * Back [start, end) with the identity memfd: private mappings are copied
+ * into the memfd and replaced in place; pages already backed are left
+ * alone.  Runs with every other thread stopped (urdma_stop_world): nothing
+ * can store into a page between its copy and its mapping, and the mappings
+ * read are still the mappings.  No allocation, no log here.
+ */
+/* Read the mappings and check them: no hole, readable, backable.  How
+ * many are not backed yet (j->nv mappings read), or -errno. */
+static int back_plan(struct back_job *j)
+{
+	uint64_t cur = j->start;
+	int todo = 0;
+
+	j->nv = maps_read(j);
+	if (j->nv < 0)
+		return j->nv;
+	for (int i = 0; i < j->nv; i++) {
+		if (j->v[i].start > cur || j->v[i].perms[0] != 'r')
+			return -EFAULT;
+		if (!backed(&j->v[i])) {
+			if (j->v[i].perms[3] != 'p') {
+				j->bad_start = j->v[i].start;
+				j->bad_end = j->v[i].end;
+				return -EOPNOTSUPP;
 			}
-			v = nvv;
+			todo++;
 		}
-		v[nv++] = x;
+		cur = j->v[i].end;
 	}
-	/* Check everything first: no hole, readable, backable. */
-	for (int i = 0; i < nv; i++) {
-		if (v[i].start > cur || v[i].perms[0] != 'r') {
-			ret = -EFAULT;
-			goto out;
-		}
-		if (v[i].ino == urdma_proc.memfd_ino && v[i].off == v[i].start)
-			;
-		else if (v[i].perms[3] != 'p') {
-			urdma_warn("can't register [%#" PRIx64 ", %#" PRIx64
-				   "): a shared mapping of another file",
-				   v[i].start, v[i].end);
-			ret = -EOPNOTSUPP;
-			goto out;
-		}
-		cur = v[i].end;
-	}
-	if (cur < end) {
-		ret = -EFAULT;
-		goto out;
-	}
-	for (int i = 0; i < nv; i++) {
-		uint64_t s = v[i].start < start ? start : v[i].start;
-		uint64_t e = v[i].end > end ? end : v[i].end;
-		uint64_t done = 0;
-		void *m;
+	return cur < j->end ? -EFAULT : todo;
+}
 
-		if (v[i].ino == urdma_proc.memfd_ino && v[i].off == v[i].start)
+static int back_job_run(void *arg)
+{
+	struct back_job *j = arg;
+	int nv, todo = back_plan(j);
+
+	if (todo <= 0)
+		return todo;
+	nv = j->nv;
+	for (int i = 0; i < nv; i++) {
+		uint64_t s = j->v[i].start < j->start ? j->start : j->v[i].start;
+		uint64_t e = j->v[i].end > j->end ? j->end : j->v[i].end;
+
+		if (backed(&j->v[i]))
 			continue;
-		while (done < e - s) {
+		for (uint64_t done = 0; done < e - s;) {
 			/* The raw syscall: whole pages are copied, including
 			 * bytes a sanitizer's pwrite() would call redzones. */
 			ssize_t n = syscall(SYS_pwrite64, urdma_proc.memfd,
 					    (void *)(s + done), e - s - done,
 					    s + done);
-			if (n <= 0) {
-				ret = n < 0 ? -errno : -EIO;
-				goto out;
-			}
-			done += n;
+			if (n <= 0)
+				return n < 0 ? -errno : -EIO;
+			done += (uint64_t)n;
 		}
-		m = mmap((void *)s, e - s, prot_of(v[i].perms),
-			 MAP_SHARED | MAP_FIXED, urdma_proc.memfd, s);
-		if (m == MAP_FAILED) {
-			ret = -errno;
-			urdma_err("backing [%#" PRIx64 ", %#" PRIx64 ") failed: %m",
-				  s, e);
-			goto out;
+		if (mmap((void *)s, e - s, prot_of(j->v[i].perms),
+			 MAP_SHARED | MAP_FIXED, urdma_proc.memfd,
+			 (off_t)s) == MAP_FAILED) {
+			j->bad_start = s;
+			j->bad_end = e;
+			return -errno;
 		}
 	}
-out:
-	fclose(f);
-	free(v);
+	return 0;
+}
+
+/* Moved 16 MiB at a time: about 10 ms of copying here. */
+#define BACK_PIECE (16ull << 20)
+
+/* Back [start, start+len) (page aligned).  Under urdma_proc.lock. */
+static int back_range_locked(uint64_t start, uint64_t len)
+{
+	struct back_job j = { .start = start, .end = start + len,
+			      .cap = 256 * 1024, .vcap = 256 };
+	int ret = memfd_create_locked();
+
+	while (!ret) {
+		j.buf = mmap(NULL, j.cap + j.vcap * sizeof(*j.v),
+			     PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+			     -1, 0);
+		if (j.buf == MAP_FAILED)
+			return -ENOMEM;
+		j.v = (struct vma *)(j.buf + j.cap);
+		/* Pages already backed (an MR over the same buffer, a
+		 * registration cache's hit) need no stop; the rest is planned
+		 * again with the world stopped, as mappings may change. */
+		ret = back_plan(&j);
+		/* In pieces: a thread left asleep that wakes meanwhile runs
+		 * unstopped (core/stop.c), so the stops are kept short. */
+		for (uint64_t s = start; ret > 0 && s < start + len;
+		     s += BACK_PIECE) {
+			j.start = s;
+			j.end = s + BACK_PIECE < start + len ? s + BACK_PIECE
+							     : start + len;
+			ret = urdma_stop_world(back_job_run, &j);
+			ret = ret ? ret : 1;
+		}
+		if (ret == 1)
+			ret = 0;
+		j.start = start;
+		j.end = start + len;
+		munmap(j.buf, j.cap + j.vcap * sizeof(*j.v));
+		if (ret != -ENOBUFS)
+			break;
+		j.cap *= 4; /* a long map, or many mappings: more room */
+		j.vcap *= 4;
+		ret = 0;
+	}
+	if (ret == -EOPNOTSUPP)
+		urdma_warn("can't register [%#" PRIx64 ", %#" PRIx64
+			   "): a shared mapping of another file",
+			   j.bad_start, j.bad_end);
+	else if (ret == -EAGAIN)
+		urdma_err("can't register [%#" PRIx64 ", %#" PRIx64 "): a "
+			  "thread of the process can't be stopped while its "
+			  "pages are moved into shared memory (see above)",
+			  start, start + len);
+	else if (ret && ret != -EFAULT)
+		urdma_err("backing [%#" PRIx64 ", %#" PRIx64 ") failed: %s",
+			  j.bad_start, j.bad_end, strerror(-ret));
 	return ret;
 }
 
@@ -312,6 +368,111 @@ int urdma_host_back_range(uint64_t start, uint64_t len)
 	ret = back_range_locked(start, len);
 	pthread_mutex_unlock(&urdma_proc.lock);
 	return ret;
+}
+
+/* A private copy of the backed pages [v->start, v->end), in place: the
+ * memfd's data read into fresh anonymous memory (holes stay untouched, so
+ * cost nothing), which then replaces the mapping. */
+static void unback(const struct vma *v)
+{
+	const uint64_t huge = 2ull << 20;
+	uint64_t len = v->end - v->start, at = v->start, room, shift;
+	char *tmp, *m;
+
+	/* Aligned as the pages are (mod 2 MiB), so huge pages can hold the
+	 * copy and stay huge where mremap puts them: a fault per 2 MiB. */
+	room = len >= huge ? len + huge : len;
+	m = mmap(NULL, room, PROT_READ | PROT_WRITE,
+		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (m == MAP_FAILED)
+		return; /* left shared: nothing better to do in a child */
+	shift = (v->start - (uint64_t)(uintptr_t)m) & (room > len ? huge - 1 : 0);
+	tmp = m + shift;
+	if (shift)
+		munmap(m, shift);
+	if (room - shift > len)
+		munmap(tmp + len, room - shift - len);
+	if (room > len)
+		madvise(tmp, len, MADV_HUGEPAGE);
+	while (at < v->end) {
+		off_t d = lseek(urdma_proc.memfd, (off_t)at, SEEK_DATA);
+		off_t h = d < 0 ? -1 : lseek(urdma_proc.memfd, d, SEEK_HOLE);
+		uint64_t e;
+
+		if (d < 0 || (uint64_t)d >= v->end)
+			break;
+		e = h < 0 || (uint64_t)h > v->end ? v->end : (uint64_t)h;
+		/* Populated in bulk, not a fault per page. */
+		madvise((char *)tmp + (d - v->start), e - (uint64_t)d,
+			MADV_POPULATE_WRITE);
+		for (uint64_t got = (uint64_t)d; got < e;) {
+			ssize_t r = pread(urdma_proc.memfd,
+					  (char *)tmp + (got - v->start),
+					  e - got, (off_t)got);
+
+			if (r <= 0) {
+				memcpy((char *)tmp + (got - v->start),
+				       (void *)got, e - got);
+				break;
+			}
+			got += (uint64_t)r;
+		}
+		at = e;
+	}
+	mprotect(tmp, len, prot_of(v->perms));
+	mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)v->start);
+}
+
+/*
+ * In a forked child, backed pages would stay shared with the parent: give
+ * the child private copies (what fork promises) and drop the windows and
+ * the arena's chunks.  The first fork handler to run, and it does not
+ * allocate: until the copies are made, a store to the heap would be the
+ * parent's.  The child is single-threaded here.
+ */
+static void backing_atfork_child(void)
+{
+	struct back_job j = { .start = 0, .end = UINT64_MAX,
+			      .cap = 1024 * 1024, .vcap = 4096 };
+	int nv = -ENOBUFS;
+
+	urdma_arena_atfork_child();
+	if (urdma_proc.memfd < 0)
+		return;
+	while (nv == -ENOBUFS) {
+		j.buf = mmap(NULL, j.cap + j.vcap * sizeof(*j.v),
+			     PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+			     -1, 0);
+		if (j.buf == MAP_FAILED)
+			break;
+		j.v = (struct vma *)(j.buf + j.cap);
+		nv = maps_read(&j);
+		if (nv == -ENOBUFS) {
+			munmap(j.buf, j.cap + j.vcap * sizeof(*j.v));
+			j.cap *= 4;
+			j.vcap *= 4;
+		}
+	}
+	for (int i = 0; i < nv; i++) {
+		if (j.v[i].ino != urdma_proc.memfd_ino)
+			continue;
+		if (backed(&j.v[i]) && j.v[i].perms[0] == 'r')
+			unback(&j.v[i]);
+		else /* our own window */
+			munmap((void *)j.v[i].start, j.v[i].end - j.v[i].start);
+	}
+	if (nv >= 0)
+		munmap(j.buf, j.cap + j.vcap * sizeof(*j.v));
+	close(urdma_proc.memfd);
+	urdma_proc.memfd = -1;
+	urdma_proc.memfd_ino = 0;
+	memset(&self_win, 0, sizeof(self_win));
+}
+
+/* Before every other handler of ours (they run in the order set). */
+__attribute__((constructor(101))) static void backing_init(void)
+{
+	pthread_atfork(NULL, NULL, backing_atfork_child);
 }
 
 void *urdma_self_ptr(uint64_t va, uint64_t *avail)

@@ -171,7 +171,6 @@ static void host_setup(void)
 {
 	urdma_log_init();
 	urdma_proc.dirfd = host_dir_open();
-	pthread_atfork(NULL, NULL, urdma_backing_atfork_child);
 	pthread_atfork(NULL, NULL, host_atfork_child);
 }
 

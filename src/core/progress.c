@@ -155,6 +155,7 @@ static int progress_sleep(struct epoll_event *evs, int max, uint64_t ns)
 	ts.tv_sec = (end - now) / 1000000000ull;
 	ts.tv_nsec = (end - now) % 1000000000ull;
 	n = epoll_pwait2(epfd, evs, max, &ts, NULL);
+	urdma_stop_point();
 	atomic_store(&sleep_end, 0);
 	/* The pass that follows is the one asked for by now. */
 	d = atomic_load(&due);
@@ -167,6 +168,8 @@ static void *progress_main(void *arg)
 {
 	uint64_t last_mr_check = 0;
 	bool pending = false;
+
+	urdma_stop_coop();
 
 	while (!atomic_load(&stop)) {
 		struct epoll_event evs[16];

@@ -264,7 +264,6 @@ struct urdma_wintab {
 void urdma_wintab_release(struct urdma_wintab *t);
 void *urdma_wintab_ptr(struct urdma_wintab *t, pthread_mutex_t *lock,
 		       int memfd, uint64_t va, uint64_t *avail);
-void urdma_backing_atfork_child(void);
 
 /* host.c: the host directory, contexts' sockets, QP records, peers */
 struct urdma_proc {
@@ -296,9 +295,17 @@ bool urdma_host_qp_stale(uint32_t qpn);
 /* backing.c */
 int urdma_host_back_range(uint64_t start, uint64_t len);
 int urdma_memfd(void);
+/* stop.c: run fn(arg) with every other thread of the process stopped;
+ * fn's result, or -EAGAIN if a thread can't be stopped. */
+int urdma_stop_world(int (*fn)(void *), void *arg);
+/* The library's own threads: urdma_stop_coop() once, at their start;
+ * urdma_stop_point() after each wait, before anything else. */
+void urdma_stop_coop(void);
+void urdma_stop_point(void);
 /* arena.c: shared blocks in the identity memfd (zeroed, page aligned) */
 void *urdma_arena_alloc(size_t size, uint64_t *va);
 void urdma_arena_free(void *p, size_t size, bool quarantine);
+void urdma_arena_atfork_child(void);
 
 /* A peer context on this host: a reference, connecting or ready. */
 struct urdma_peer *urdma_peer_get(uint32_t ctx_id);
