@@ -148,15 +148,42 @@ static int prot_of(const char *perms)
 	       (perms[2] == 'x' ? PROT_EXEC : 0);
 }
 
-/* A backing job: the range, and room for /proc/self/maps and the mappings
- * over the range, taken before the world stops (nothing may allocate
- * then).  What went wrong is kept for the log, written after. */
-struct back_job {
-	uint64_t start, end;
+/* /proc/self/maps and the mappings read from it, in memory mapped for
+ * them and kept from call to call (under urdma_proc.lock; a forked child
+ * has its own copy): no malloc, as other threads may be stopped holding
+ * its lock, and no page faults on a fresh buffer each time. */
+static struct {
 	char *buf;
 	size_t cap;
 	struct vma *v;
-	int vcap, nv;
+	size_t vcap; /* bytes */
+} maps;
+
+/* Room for at least need bytes at *p (mmap, then mremap). */
+static int grow_to(void **p, size_t *cap, size_t need)
+{
+	size_t want = *cap ? *cap : 64 * 1024;
+	void *m;
+
+	if (need <= *cap)
+		return 0;
+	while (want < need)
+		want *= 2;
+	m = *p ? mremap(*p, *cap, want, MREMAP_MAYMOVE)
+	       : mmap(NULL, want, PROT_READ | PROT_WRITE,
+		      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED)
+		return -ENOMEM;
+	*p = m;
+	*cap = want;
+	return 0;
+}
+
+/* A backing job: the range, the mappings over it (maps.v[0..nv)), and
+ * what went wrong, kept for the log written after. */
+struct back_job {
+	uint64_t start, end;
+	int nv;
 	uint64_t bad_start, bad_end;
 };
 
@@ -184,8 +211,8 @@ static void skip_field(const char **p)
 		(*p)++;
 }
 
-/* The mappings over [start, end), from a copy of /proc/self/maps: how
- * many, or -ENOBUFS (the buffers are too small). */
+/* The mappings over [start, end), from /proc/self/maps, into maps.v:
+ * how many, or -errno. */
 static int maps_read(struct back_job *j)
 {
 	const char *p, *e;
@@ -196,14 +223,18 @@ static int maps_read(struct back_job *j)
 	fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return -errno;
-	while ((n = read(fd, j->buf + len, j->cap - len)) > 0)
-		len += (size_t)n;
+	do {
+		if (grow_to((void **)&maps.buf, &maps.cap, len + 4096)) {
+			close(fd);
+			return -ENOMEM;
+		}
+		n = read(fd, maps.buf + len, maps.cap - len);
+		len += n > 0 ? (size_t)n : 0;
+	} while (n > 0);
 	close(fd);
 	if (n < 0)
 		return -errno;
-	if (len == j->cap)
-		return -ENOBUFS;
-	for (p = j->buf, e = j->buf + len; p < e;) {
+	for (p = maps.buf, e = maps.buf + len; p < e;) {
 		struct vma x = { 0 };
 		const char *q;
 
@@ -223,9 +254,9 @@ static int maps_read(struct back_job *j)
 		p++;
 		if (x.end <= j->start || x.start >= j->end)
 			continue;
-		if (nv == j->vcap)
-			return -ENOBUFS;
-		j->v[nv++] = x;
+		if (grow_to((void **)&maps.v, &maps.vcap, (nv + 1) * sizeof(x)))
+			return -ENOMEM;
+		maps.v[nv++] = x;
 	}
 	return nv;
 }
@@ -235,13 +266,6 @@ static bool backed(const struct vma *v)
 	return v->ino == urdma_proc.memfd_ino && v->off == v->start;
 }
 
-/*
- * Back [start, end) with the identity memfd: private mappings are copied
- * into the memfd and replaced in place; pages already backed are left
- * alone.  Runs with every other thread stopped (urdma_stop_world): nothing
- * can store into a page between its copy and its mapping, and the mappings
- * read are still the mappings.  No allocation, no log here.
- */
 /* Read the mappings and check them: no hole, readable, backable.  How
  * many are not backed yet (j->nv mappings read), or -errno. */
 static int back_plan(struct back_job *j)
@@ -253,21 +277,28 @@ static int back_plan(struct back_job *j)
 	if (j->nv < 0)
 		return j->nv;
 	for (int i = 0; i < j->nv; i++) {
-		if (j->v[i].start > cur || j->v[i].perms[0] != 'r')
+		if (maps.v[i].start > cur || maps.v[i].perms[0] != 'r')
 			return -EFAULT;
-		if (!backed(&j->v[i])) {
-			if (j->v[i].perms[3] != 'p') {
-				j->bad_start = j->v[i].start;
-				j->bad_end = j->v[i].end;
+		if (!backed(&maps.v[i])) {
+			if (maps.v[i].perms[3] != 'p') {
+				j->bad_start = maps.v[i].start;
+				j->bad_end = maps.v[i].end;
 				return -EOPNOTSUPP;
 			}
 			todo++;
 		}
-		cur = j->v[i].end;
+		cur = maps.v[i].end;
 	}
 	return cur < j->end ? -EFAULT : todo;
 }
 
+/*
+ * Back [start, end) with the identity memfd: private mappings are copied
+ * into the memfd and replaced in place; pages already backed are left
+ * alone.  Runs with every other thread stopped (urdma_stop_world): nothing
+ * can store into a page between its copy and its mapping, and the mappings
+ * read are still the mappings.  No malloc, no log here.
+ */
 static int back_job_run(void *arg)
 {
 	struct back_job *j = arg;
@@ -277,10 +308,10 @@ static int back_job_run(void *arg)
 		return todo;
 	nv = j->nv;
 	for (int i = 0; i < nv; i++) {
-		uint64_t s = j->v[i].start < j->start ? j->start : j->v[i].start;
-		uint64_t e = j->v[i].end > j->end ? j->end : j->v[i].end;
+		uint64_t s = maps.v[i].start < j->start ? j->start : maps.v[i].start;
+		uint64_t e = maps.v[i].end > j->end ? j->end : maps.v[i].end;
 
-		if (backed(&j->v[i]))
+		if (backed(&maps.v[i]))
 			continue;
 		for (uint64_t done = 0; done < e - s;) {
 			/* The raw syscall: whole pages are copied, including
@@ -292,7 +323,7 @@ static int back_job_run(void *arg)
 				return n < 0 ? -errno : -EIO;
 			done += (uint64_t)n;
 		}
-		if (mmap((void *)s, e - s, prot_of(j->v[i].perms),
+		if (mmap((void *)s, e - s, prot_of(maps.v[i].perms),
 			 MAP_SHARED | MAP_FIXED, urdma_proc.memfd,
 			 (off_t)s) == MAP_FAILED) {
 			j->bad_start = s;
@@ -309,41 +340,22 @@ static int back_job_run(void *arg)
 /* Back [start, start+len) (page aligned).  Under urdma_proc.lock. */
 static int back_range_locked(uint64_t start, uint64_t len)
 {
-	struct back_job j = { .start = start, .end = start + len,
-			      .cap = 256 * 1024, .vcap = 256 };
-	int ret = memfd_create_locked();
+	struct back_job j = { .start = start, .end = start + len };
+	int ret = memfd_create_locked(), todo;
 
-	while (!ret) {
-		j.buf = mmap(NULL, j.cap + j.vcap * sizeof(*j.v),
-			     PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-			     -1, 0);
-		if (j.buf == MAP_FAILED)
-			return -ENOMEM;
-		j.v = (struct vma *)(j.buf + j.cap);
-		/* Pages already backed (an MR over the same buffer, a
-		 * registration cache's hit) need no stop; the rest is planned
-		 * again with the world stopped, as mappings may change. */
-		ret = back_plan(&j);
-		/* In pieces: a thread left asleep that wakes meanwhile runs
-		 * unstopped (core/stop.c), so the stops are kept short. */
-		for (uint64_t s = start; ret > 0 && s < start + len;
-		     s += BACK_PIECE) {
-			j.start = s;
-			j.end = s + BACK_PIECE < start + len ? s + BACK_PIECE
-							     : start + len;
-			ret = urdma_stop_world(back_job_run, &j);
-			ret = ret ? ret : 1;
-		}
-		if (ret == 1)
-			ret = 0;
-		j.start = start;
-		j.end = start + len;
-		munmap(j.buf, j.cap + j.vcap * sizeof(*j.v));
-		if (ret != -ENOBUFS)
-			break;
-		j.cap *= 4; /* a long map, or many mappings: more room */
-		j.vcap *= 4;
-		ret = 0;
+	/* Pages already backed (an MR over the same buffer, a registration
+	 * cache's hit) need no stop; the rest is planned again with the
+	 * world stopped, as mappings may change. */
+	todo = ret ? ret : back_plan(&j);
+	ret = todo < 0 ? todo : 0;
+	/* In pieces: a thread left asleep that wakes meanwhile runs
+	 * unstopped (core/stop.c), so the stops are kept short. */
+	for (uint64_t s = start; todo > 0 && !ret && s < start + len;
+	     s += BACK_PIECE) {
+		j.start = s;
+		j.end = s + BACK_PIECE < start + len ? s + BACK_PIECE
+						     : start + len;
+		ret = urdma_stop_world(back_job_run, &j);
 	}
 	if (ret == -EOPNOTSUPP)
 		urdma_warn("can't register [%#" PRIx64 ", %#" PRIx64
@@ -432,44 +444,28 @@ static void unback(const struct vma *v)
  */
 static void backing_atfork_child(void)
 {
-	struct back_job j = { .start = 0, .end = UINT64_MAX,
-			      .cap = 1024 * 1024, .vcap = 4096 };
-	int nv = -ENOBUFS;
+	struct back_job j = { .start = 0, .end = UINT64_MAX };
+	int nv;
 
 	urdma_arena_atfork_child();
 	if (urdma_proc.memfd < 0)
 		return;
-	while (nv == -ENOBUFS) {
-		j.buf = mmap(NULL, j.cap + j.vcap * sizeof(*j.v),
-			     PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-			     -1, 0);
-		if (j.buf == MAP_FAILED)
-			break;
-		j.v = (struct vma *)(j.buf + j.cap);
-		nv = maps_read(&j);
-		if (nv == -ENOBUFS) {
-			munmap(j.buf, j.cap + j.vcap * sizeof(*j.v));
-			j.cap *= 4;
-			j.vcap *= 4;
-		}
-	}
+	nv = maps_read(&j);
 	for (int i = 0; i < nv; i++) {
-		if (j.v[i].ino != urdma_proc.memfd_ino)
+		if (maps.v[i].ino != urdma_proc.memfd_ino)
 			continue;
-		if (backed(&j.v[i]) && j.v[i].perms[0] == 'r')
-			unback(&j.v[i]);
+		if (backed(&maps.v[i]) && maps.v[i].perms[0] == 'r')
+			unback(&maps.v[i]);
 		else /* our own window */
-			munmap((void *)j.v[i].start, j.v[i].end - j.v[i].start);
+			munmap((void *)maps.v[i].start,
+			       maps.v[i].end - maps.v[i].start);
 	}
-	if (nv >= 0)
-		munmap(j.buf, j.cap + j.vcap * sizeof(*j.v));
 	close(urdma_proc.memfd);
 	urdma_proc.memfd = -1;
 	urdma_proc.memfd_ino = 0;
 	memset(&self_win, 0, sizeof(self_win));
 }
 
-/* Before every other handler of ours (they run in the order set). */
 __attribute__((constructor(101))) static void backing_init(void)
 {
 	pthread_atfork(NULL, NULL, backing_atfork_child);

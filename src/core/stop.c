@@ -28,7 +28,6 @@
  * born) is waited for until it sleeps.  One thread alone (the process has
  * no other): only its own signals are blocked while fn runs.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -234,14 +233,6 @@ static const char *task_name(pid_t tid, char *buf, size_t len)
 	return buf;
 }
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
-}
-
 /* Threads left asleep, and how long each had run (stop_lock). */
 static struct {
 	pid_t tid;
@@ -271,7 +262,7 @@ static int held_index(pid_t tid)
 static int stop_all(int dirfd, int sig, pid_t self, int *nsig, int *late)
 {
 	static pid_t now[MAX_TIDS];
-	uint64_t end = now_ns() + STOP_WAIT_NS;
+	uint64_t end = urdma_now_ns() + STOP_WAIT_NS;
 	int n = 0;
 
 	nheld = 0;
@@ -308,11 +299,13 @@ static int stop_all(int dirfd, int sig, pid_t self, int *nsig, int *late)
 			if (task_blocks(now[i], sig)) {
 				/* Being born (signals blocked until it
 				 * starts), or it blocks ours: wait. */
-				if (h < 0 && nheld < MAX_TIDS) {
+				if (h < 0) {
+					if (nheld == MAX_TIDS)
+						return -EAGAIN;
 					h = nheld++;
 					held[h].tid = now[i];
 				}
-				if (now_ns() > end) {
+				if (urdma_now_ns() > end) {
 					*late = h;
 					return -EBUSY;
 				}
@@ -337,7 +330,7 @@ static int stop_all(int dirfd, int sig, pid_t self, int *nsig, int *late)
 
 			if (ACK_COUNT(a) >= (uint32_t)n)
 				break;
-			if (now_ns() > end) {
+			if (urdma_now_ns() > end) {
 				*late = (int)ACK_COUNT(a);
 				return -ETIMEDOUT;
 			}
@@ -352,7 +345,7 @@ static int stop_all(int dirfd, int sig, pid_t self, int *nsig, int *late)
 		}
 		if (!moved)
 			return 0;
-		if (now_ns() > end) {
+		if (urdma_now_ns() > end) {
 			*late = -1;
 			return -ETIMEDOUT;
 		}
