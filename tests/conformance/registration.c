@@ -273,6 +273,7 @@ static void race_case(void *arg)
 	struct ibv_context *ctx = t_open_first_device();
 	pthread_t wt[NWRITERS], rt;
 	void *wa[NWRITERS][2];
+	void *heap_keep[ROUNDS] = { 0 };
 	int bad_rounds = 0;
 
 	REQUIRE(ctx, "no device");
@@ -290,17 +291,21 @@ static void race_case(void *arg)
 		bool ok;
 
 		if (r.kind == STACK) {
-			/* glibc keeps exited threads' stacks for new threads:
-			 * the later rounds find them registered already. */
+			/* A fresh stack each round (glibc would hand out a
+			 * cached one, registered already): pages to move. */
 			struct stack_round s = { .r = &r, .rd = rd };
+			void *stack = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE,
+					   MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
 			pthread_t th;
 			pthread_attr_t at;
 
+			REQUIRE(stack != MAP_FAILED, "no memory");
 			pthread_attr_init(&at);
-			pthread_attr_setstacksize(&at, 1 << 20);
+			pthread_attr_setstack(&at, stack, 1 << 20);
 			pthread_create(&th, &at, stack_donor, &s);
 			pthread_join(th, NULL);
 			pthread_attr_destroy(&at);
+			munmap(stack, 1 << 20);
 			ok = s.ok;
 		} else {
 			void *to_free;
@@ -308,11 +313,18 @@ static void race_case(void *arg)
 
 			REQUIRE(m, "no memory");
 			ok = race_round(&r, m, rd);
-			region_free(r.kind, to_free);
+			/* Heap blocks stay allocated to the end: the next round's
+			 * come from pages not registered yet. */
+			if (r.kind == HEAP)
+				heap_keep[i] = to_free;
+			else
+				region_free(r.kind, to_free);
 		}
 		bad_rounds += !ok;
 	}
 	atomic_store(&r.quit, true);
+	for (unsigned int i = 0; i < ROUNDS; i++)
+		free(heap_keep[i]);
 	close(r.pipefd[1]);
 	for (int w = 0; w < NWRITERS; w++)
 		pthread_join(wt[w], NULL);
