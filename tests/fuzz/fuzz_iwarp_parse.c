@@ -40,19 +40,7 @@
 #include <string.h>
 
 #include "iwarp_frames.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define FUZZ_ASSERT(c, ...)                                                  \
-	do {                                                                 \
-		if (!(c)) {                                                  \
-			fprintf(stderr, "fuzz_iwarp_parse: %s:%d: %s: ",     \
-				__FILE__, __LINE__, #c);                     \
-			fprintf(stderr, __VA_ARGS__);                        \
-			fputc('\n', stderr);                                 \
-			abort();                                             \
-		}                                                            \
-	} while (0)
+#include "fuzz.h"
 
 static uint32_t get_crc(const uint8_t *p)
 {
@@ -567,10 +555,7 @@ static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
 static uint64_t next_rand(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return fuzz_xorshift(&rng);
 }
 
 /* Deterministic mutations: byte flips, length-field edits, truncation,

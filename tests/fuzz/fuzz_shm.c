@@ -30,19 +30,7 @@
 
 #include "core/urdma.h"
 #include "transport/transport.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define FUZZ_ASSERT(c, ...)                                                  \
-	do {                                                                 \
-		if (!(c)) {                                                  \
-			fprintf(stderr, "fuzz_shm: %s:%d: %s: ", __FILE__,   \
-				__LINE__, #c);                               \
-			fprintf(stderr, __VA_ARGS__);                        \
-			fputc('\n', stderr);                                 \
-			abort();                                             \
-		}                                                            \
-	} while (0)
+#include "fuzz.h"
 
 #define QPN 0x123401
 #define CTX 0x77
@@ -237,10 +225,7 @@ static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
 static uint32_t next(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (uint32_t)rng;
+	return (uint32_t)fuzz_xorshift(&rng);
 }
 
 static size_t make_input(uint8_t *in, size_t cap)

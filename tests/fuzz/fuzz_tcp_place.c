@@ -41,19 +41,7 @@
 #include <infiniband/verbs.h>
 
 #include "iwarp_frames.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define FUZZ_ASSERT(c, ...)                                                  \
-	do {                                                                 \
-		if (!(c)) {                                                  \
-			fprintf(stderr, "fuzz_tcp_place: %s:%d: %s: ",       \
-				__FILE__, __LINE__, #c);                     \
-			fprintf(stderr, __VA_ARGS__);                        \
-			fputc('\n', stderr);                                 \
-			abort();                                             \
-		}                                                            \
-	} while (0)
+#include "fuzz.h"
 
 #define PG 4096
 #define NPAGE 9 /* guard A guard B guard S guard R guard */
@@ -440,10 +428,7 @@ static uint64_t rng = 0x2545f4914f6cdd1dull;
 
 static uint32_t next(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (uint32_t)rng;
+	return (uint32_t)fuzz_xorshift(&rng);
 }
 
 int main(int argc, char **argv)
