@@ -15,15 +15,20 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <netinet/in.h>
 #include <string.h>
 
 #include "transport/transport.h"
 #include "util/log.h"
 
-static bool gid_is_local(struct urdma_context *uctx, const union ibv_gid *g)
+bool urdma_gid_is_local(const struct urdma_context *uctx, const void *gid)
 {
+	if (IN6_IS_ADDR_LOOPBACK((const struct in6_addr *)gid) ||
+	    (IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)gid) &&
+	     ((const uint8_t *)gid)[12] == 127))
+		return true;
 	for (int i = 0; i < uctx->num_gids; i++)
-		if (!memcmp(uctx->gids[i].gid.raw, g->raw, 16))
+		if (!memcmp(uctx->gids[i].gid.raw, gid, 16))
 			return true;
 	return false;
 }
@@ -39,7 +44,7 @@ const struct urdma_transport_ops *urdma_pick_transport(struct urdma_qp *qp,
 	else if (e && !strcmp(e, "tcp"))
 		tr = &urdma_tcp_transport;
 	else if (a->ah_attr.is_global &&
-		 !gid_is_local(qp->uctx, &a->ah_attr.grh.dgid))
+		 !urdma_gid_is_local(qp->uctx, a->ah_attr.grh.dgid.raw))
 		tr = &urdma_tcp_transport;
 	else if (!urdma_host_qp_stale(a->dest_qp_num) &&
 		 !urdma_host_qp_find(a->dest_qp_num, &(struct urdma_qp_rec){ 0 }))

@@ -60,6 +60,9 @@ struct urdma_span {
 	uint8_t *ptr;
 };
 
+/* Is gid (16 bytes) one of the context's GIDs, or loopback: this host? */
+bool urdma_gid_is_local(const struct urdma_context *uctx, const void *gid);
+
 int urdma_copy_spans(struct urdma_peer *dpeer, const struct urdma_span *d,
 		     int nd, struct urdma_peer *speer,
 		     const struct urdma_span *s, int ns, uint64_t len);

@@ -17,7 +17,6 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <ifaddrs.h>
 #include <linux/inet_diag.h>
 #include <linux/netlink.h>
 #include <linux/sock_diag.h>
@@ -30,33 +29,6 @@
 
 #include "transport/tcp/tcp_ident.h"
 #include "util/log.h"
-
-/* Is a one of this network namespace's addresses (or loopback)? */
-static bool addr_local(const struct in6_addr *a)
-{
-	struct ifaddrs *ifa, *i;
-	bool local = false;
-
-	if (IN6_IS_ADDR_LOOPBACK(a) ||
-	    (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127))
-		return true;
-	if (getifaddrs(&ifa))
-		return false;
-	for (i = ifa; i && !local; i = i->ifa_next) {
-		if (!i->ifa_addr)
-			continue;
-		if (i->ifa_addr->sa_family == AF_INET)
-			local = IN6_IS_ADDR_V4MAPPED(a) &&
-				!memcmp(&a->s6_addr[12],
-					&((struct sockaddr_in *)i->ifa_addr)->sin_addr, 4);
-		else if (i->ifa_addr->sa_family == AF_INET6)
-			local = !memcmp(a,
-					&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr,
-					16);
-	}
-	freeifaddrs(ifa);
-	return local;
-}
 
 /*
  * The owner (uid) of the TCP socket that a packet from (dst, dport) to
@@ -110,7 +82,7 @@ static long sock_uid(const struct in6_addr *src, uint16_t sport,
 }
 
 int urdma_tcp_peer_check(int fd, const struct sockaddr_in6 *expect,
-			 uint32_t claimed_qpn)
+			 bool local, uint32_t claimed_qpn)
 {
 	struct sockaddr_in6 peer, self;
 	socklen_t plen = sizeof(peer), slen = sizeof(self);
@@ -122,7 +94,7 @@ int urdma_tcp_peer_check(int fd, const struct sockaddr_in6 *expect,
 		return -EPROTO;
 	if (memcmp(&peer.sin6_addr, &expect->sin6_addr, 16))
 		return -EADDRNOTAVAIL;
-	if (!addr_local(&peer.sin6_addr))
+	if (!local)
 		return 0;
 	/* The connecting socket, seen from its side: its ends swapped. */
 	conn_uid = sock_uid(&peer.sin6_addr, ntohs(peer.sin6_port),

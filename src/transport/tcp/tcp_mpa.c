@@ -151,7 +151,10 @@ void conn_attach(struct tcp_conn *c, struct urdma_qp *qp)
 	int ret = tcp_peer_addr(qp, &qp->attr, &expect);
 
 	if (!ret)
-		ret = urdma_tcp_peer_check(c->fd, &expect, c->peer_qpn);
+		ret = urdma_tcp_peer_check(
+			c->fd, &expect,
+			urdma_gid_is_local(qp->uctx, &expect.sin6_addr),
+			c->peer_qpn);
 	if (ret) {
 		char a[INET6_ADDRSTRLEN] = "?";
 		struct sockaddr_in6 from;
