@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -175,6 +176,25 @@ void urdma_arena_free(void *p, size_t size, bool quarantine)
 	pthread_mutex_unlock(&A.lock);
 }
 
+/* The lock word of atomics on direct MRs (shared.h): the first word of
+ * a block made on first use.  Its memfd offset, or 0. */
+static _Atomic uint64_t lock_va;
+
+uint64_t urdma_arena_lock(void)
+{
+	static pthread_mutex_t once = PTHREAD_MUTEX_INITIALIZER;
+	uint64_t va = atomic_load(&lock_va);
+
+	if (va)
+		return va;
+	pthread_mutex_lock(&once);
+	va = atomic_load(&lock_va);
+	if (!va && urdma_arena_alloc(4096, &va))
+		atomic_store(&lock_va, va);
+	pthread_mutex_unlock(&once);
+	return va;
+}
+
 /* In a forked child the QPs, and so the blocks, are the parent's: the
  * chunks go before backing.c's fork handler would copy them (it calls
  * this first). */
@@ -184,4 +204,5 @@ void urdma_arena_atfork_child(void)
 		munmap(A.c[i]->base, CHUNK_SIZE);
 	memset(&A, 0, sizeof(A));
 	pthread_mutex_init(&A.lock, NULL);
+	atomic_store(&lock_va, 0);
 }

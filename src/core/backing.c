@@ -10,6 +10,14 @@
  * address.  A peer maps the memfd in 1 GiB windows and reaches any backed
  * page of ours through them.  Windows are never unmapped while the peer is
  * known, so a pointer into one stays valid for the whole of an operation.
+ *
+ * Memory that can't be moved stays where it is and its MR is "direct"
+ * (URDMA_MR_F_DIRECT): a shared mapping of another object (a file, SysV
+ * or POSIX shared memory, MAP_SHARED|MAP_ANONYMOUS, which other processes
+ * may map too), hugetlb pages (which can't be split), or pages a thread
+ * of the process may be storing into while they would move (it could not
+ * be stopped, or woke meanwhile).  The owner reaches such an MR at its
+ * address; a peer with a system call per piece (transport.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,8 +25,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -139,6 +149,7 @@ int urdma_memfd(void)
 struct vma {
 	uint64_t start, end, off, ino;
 	char perms[5];
+	bool huge; /* hugetlb pages */
 };
 
 static int prot_of(const char *perms)
@@ -179,12 +190,15 @@ static int grow_to(void **p, size_t *cap, size_t need)
 	return 0;
 }
 
-/* A backing job: the range, the mappings over it (maps.v[0..nv)), and
- * what went wrong, kept for the log written after. */
+/* A backing job: the range, whether it must be writable, the mappings
+ * over it (maps.v[0..nv)), and what went wrong, kept for the log written
+ * after. */
 struct back_job {
 	uint64_t start, end;
+	bool write;
 	int nv;
 	uint64_t bad_start, bad_end;
+	const char *why; /* the range stays direct: why */
 };
 
 static uint64_t hex_at(const char **p)
@@ -209,6 +223,24 @@ static void skip_field(const char **p)
 		(*p)++;
 	while (**p == ' ')
 		(*p)++;
+}
+
+/* Is the mapping of path (len bytes, not NUL-terminated, on a device of
+ * major 0 if anon_dev) made of hugetlb pages? */
+static bool path_is_huge(const char *path, size_t len, bool anon_dev)
+{
+	static const char anon[] = "/anon_hugepage";
+	char buf[256];
+	struct statfs sf;
+
+	if (len >= sizeof(anon) - 1 && !memcmp(path, anon, sizeof(anon) - 1))
+		return true;
+	/* A file of a hugetlbfs (SysV SHM_HUGETLB shows as /SYSV...). */
+	if (!anon_dev || !len || path[0] != '/' || len >= sizeof(buf))
+		return false;
+	memcpy(buf, path, len);
+	buf[len] = 0;
+	return !statfs(buf, &sf) && sf.f_type == HUGETLBFS_MAGIC;
 }
 
 /* The mappings over [start, end), from /proc/self/maps, into maps.v:
@@ -236,7 +268,8 @@ static int maps_read(struct back_job *j)
 		return -errno;
 	for (p = maps.buf, e = maps.buf + len; p < e;) {
 		struct vma x = { 0 };
-		const char *q;
+		const char *q, *path;
+		bool anon_dev;
 
 		x.start = hex_at(&p);
 		p++; /* '-' */
@@ -246,14 +279,20 @@ static int maps_read(struct back_job *j)
 		skip_field(&p);
 		x.off = hex_at(&p);
 		p++;
+		anon_dev = p[0] == '0' && p[1] == '0' && p[2] == ':';
 		skip_field(&p); /* device */
 		for (q = p; *q >= '0' && *q <= '9'; q++)
 			x.ino = x.ino * 10 + (uint64_t)(*q - '0');
+		skip_field(&p); /* inode */
+		path = p;
 		while (p < e && *p != '\n')
 			p++;
-		p++;
-		if (x.end <= j->start || x.start >= j->end)
+		if (x.end <= j->start || x.start >= j->end) {
+			p++;
 			continue;
+		}
+		x.huge = path_is_huge(path, (size_t)(p - path), anon_dev);
+		p++;
 		if (grow_to((void **)&maps.v, &maps.vcap, (nv + 1) * sizeof(x)))
 			return -ENOMEM;
 		maps.v[nv++] = x;
@@ -266,8 +305,10 @@ static bool backed(const struct vma *v)
 	return v->ino == urdma_proc.memfd_ino && v->off == v->start;
 }
 
-/* Read the mappings and check them: no hole, readable, backable.  How
- * many are not backed yet (j->nv mappings read), or -errno. */
+/* Read the mappings and check them: no hole, readable (and writable if
+ * asked).  How many are not backed yet (j->nv mappings read), BACK_DIRECT
+ * if one can't be, or -errno. */
+#define BACK_DIRECT (-EXDEV)
 static int back_plan(struct back_job *j)
 {
 	uint64_t cur = j->start;
@@ -277,17 +318,21 @@ static int back_plan(struct back_job *j)
 	if (j->nv < 0)
 		return j->nv;
 	for (int i = 0; i < j->nv; i++) {
-		if (maps.v[i].start > cur || maps.v[i].perms[0] != 'r')
+		const struct vma *v = &maps.v[i];
+
+		if (v->start > cur || v->perms[0] != 'r' ||
+		    (j->write && v->perms[1] != 'w'))
 			return -EFAULT;
-		if (!backed(&maps.v[i])) {
-			if (maps.v[i].perms[3] != 'p') {
-				j->bad_start = maps.v[i].start;
-				j->bad_end = maps.v[i].end;
-				return -EOPNOTSUPP;
-			}
+		cur = v->end;
+		if (backed(v))
+			continue;
+		if (v->perms[3] != 'p' || v->huge) {
+			j->why = v->huge ? "hugetlb pages" :
+					   "a shared mapping";
+			todo = BACK_DIRECT;
+		} else if (todo >= 0) {
 			todo++;
 		}
-		cur = maps.v[i].end;
 	}
 	return cur < j->end ? -EFAULT : todo;
 }
@@ -323,6 +368,15 @@ static int back_job_run(void *arg)
 				return n < 0 ? -errno : -EIO;
 			done += (uint64_t)n;
 		}
+		/* A thread left asleep that woke may have stored into the
+		 * pages since they were copied: leave them where they are. */
+		if (!urdma_stop_intact()) {
+			fallocate(urdma_proc.memfd,
+				  FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+				  (off_t)s, (off_t)(e - s));
+			j->why = "a thread woke while its pages were moved";
+			return BACK_DIRECT;
+		}
 		if (mmap((void *)s, e - s, prot_of(maps.v[i].perms),
 			 MAP_SHARED | MAP_FIXED, urdma_proc.memfd,
 			 (off_t)s) == MAP_FAILED) {
@@ -338,9 +392,10 @@ static int back_job_run(void *arg)
 #define BACK_PIECE (16ull << 20)
 
 /* Back [start, start+len) (page aligned).  Under urdma_proc.lock. */
-static int back_range_locked(uint64_t start, uint64_t len)
+static int back_range_locked(uint64_t start, uint64_t len, bool write)
 {
-	struct back_job j = { .start = start, .end = start + len };
+	struct back_job j = { .start = start, .end = start + len,
+			      .write = write };
 	int ret = memfd_create_locked(), todo;
 
 	/* Pages already backed (an MR over the same buffer, a registration
@@ -357,27 +412,28 @@ static int back_range_locked(uint64_t start, uint64_t len)
 						     : start + len;
 		ret = urdma_stop_world(back_job_run, &j);
 	}
-	if (ret == -EOPNOTSUPP)
-		urdma_warn("can't register [%#" PRIx64 ", %#" PRIx64
-			   "): a shared mapping of another file",
-			   j.bad_start, j.bad_end);
-	else if (ret == -EAGAIN)
-		urdma_err("can't register [%#" PRIx64 ", %#" PRIx64 "): a "
-			  "thread of the process can't be stopped while its "
-			  "pages are moved into shared memory (see above)",
-			  start, start + len);
-	else if (ret && ret != -EFAULT)
+	if (ret == -EAGAIN) {
+		j.why = "a thread of the process can't be stopped (see above)";
+		ret = BACK_DIRECT;
+	}
+	if (ret == BACK_DIRECT) {
+		urdma_info("[%#" PRIx64 ", %#" PRIx64 ") stays in place (%s): "
+			   "local peers reach it with a system call per "
+			   "access", start, start + len, j.why);
+		return 1;
+	}
+	if (ret && ret != -EFAULT)
 		urdma_err("backing [%#" PRIx64 ", %#" PRIx64 ") failed: %s",
 			  j.bad_start, j.bad_end, strerror(-ret));
 	return ret;
 }
 
-int urdma_host_back_range(uint64_t start, uint64_t len)
+int urdma_host_back_range(uint64_t start, uint64_t len, bool write)
 {
 	int ret;
 
 	pthread_mutex_lock(&urdma_proc.lock);
-	ret = back_range_locked(start, len);
+	ret = back_range_locked(start, len, write);
 	pthread_mutex_unlock(&urdma_proc.lock);
 	return ret;
 }

@@ -26,6 +26,13 @@
  * gone (hang-up: its process died or it closed the context), so staleness
  * is certain: a ctx-<id> nobody listens on refuses connections, and the
  * records naming it are stale too (urdma_host_sweep).
+ *
+ * Direct MRs of a peer (not in its memfd, core/backing.c) are reached
+ * with process_vm_readv/writev on its pid, as the kernel's ptrace rules
+ * allow (same user; Yama's ptrace_scope may refuse).  A pidfd, opened
+ * while the connection proves the process alive, is polled first (once a
+ * millisecond at most), so a pid the peer's death set free is never
+ * written to.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -40,6 +47,8 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -56,6 +65,8 @@ struct urdma_peer {
 	struct list_head node;	/* in peers, under urdma_proc.lock */
 	uint32_t ctx_id;
 	pid_t pid;
+	int pidfd; /* -1 for our own contexts */
+	_Atomic uint64_t alive_at; /* when pidfd last said it runs (ns) */
 	int refcnt; /* under urdma_proc.lock */
 	int sock;
 	int memfd;
@@ -684,6 +695,8 @@ static void peer_release(struct urdma_watcher *w)
 	struct urdma_peer *p = (struct urdma_peer *)w;
 
 	urdma_wintab_release(&p->win);
+	if (p->pidfd >= 0)
+		close(p->pidfd);
 	if (p->sock >= 0) {
 		close(p->sock);
 		if (p->memfd >= 0)
@@ -861,6 +874,19 @@ static int peer_connect(struct urdma_peer *p)
 		return -errno;
 	if (!peer_is_us(p->sock, &p->pid))
 		return -EPERM;
+	/* The listener's process, still there: its end of the connection
+	 * is open (it would be reset otherwise). */
+	p->pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
+	if (p->pidfd >= 0 &&
+	    poll(&(struct pollfd){ .fd = p->sock, .events = POLLRDHUP }, 1,
+		 0) != 0) {
+		close(p->pidfd);
+		p->pidfd = -1;
+	}
+	if (p->pidfd < 0)
+		urdma_info("context %x: process %d can't be watched: its "
+			   "direct memory regions are out of reach", p->ctx_id,
+			   (int)p->pid);
 	return 0;
 }
 
@@ -886,7 +912,7 @@ struct urdma_peer *urdma_peer_get(uint32_t ctx_id)
 	}
 	p->ctx_id = ctx_id;
 	p->refcnt = 1;
-	p->sock = p->memfd = -1;
+	p->sock = p->memfd = p->pidfd = -1;
 	p->w.fn = peer_cb;
 	p->w.release = peer_release;
 	pthread_mutex_init(&p->lock, NULL);
@@ -1001,11 +1027,11 @@ int urdma_peer_wake(struct urdma_peer *p)
 
 int urdma_mr_lookup(const struct urdma_shm_ctx *shm, uint32_t key,
 		    uint64_t addr, uint64_t len, uint32_t access, uint32_t pd_id,
-		    uint64_t *va)
+		    uint64_t *va, bool *direct)
 {
 	const struct urdma_shm_mr *e = &shm->mr[URDMA_MR_IDX(key)];
 	uint64_t iova, length, base;
-	uint32_t acc, pd;
+	uint32_t acc, pd, flags;
 
 	if (!key || atomic_load_explicit(&e->key, memory_order_acquire) != key)
 		return -EINVAL;
@@ -1019,13 +1045,54 @@ int urdma_mr_lookup(const struct urdma_shm_ctx *shm, uint32_t key,
 		return -EINVAL;
 	if (pd != pd_id || (acc & access) != access)
 		return -EACCES;
-	if (atomic_load_explicit(&e->flags, memory_order_relaxed) &
-	    URDMA_MR_F_UNMAPPED)
+	flags = atomic_load_explicit(&e->flags, memory_order_relaxed);
+	if (flags & URDMA_MR_F_UNMAPPED)
 		return -EFAULT;
 	if (addr < iova || len > length || addr - iova > length - len)
 		return -ERANGE;
 	*va = base + (addr - iova);
+	*direct = flags & URDMA_MR_F_DIRECT;
 	return 0;
+}
+
+bool urdma_peer_is_self(const struct urdma_peer *p)
+{
+	return !p || p->sock < 0;
+}
+
+int urdma_peer_vm(struct urdma_peer *p, bool write, void *local,
+		  uint64_t remote, uint64_t n)
+{
+	struct iovec l = { .iov_base = local, .iov_len = n };
+	struct iovec r = { .iov_base = (void *)(uintptr_t)remote,
+			   .iov_len = n };
+	static _Atomic bool told;
+	uint64_t now = urdma_now_ns();
+	ssize_t got;
+
+	/* Asked at most once a millisecond (a poll costs about as much as
+	 * the copy): the kernel hands out pids in turn, so a pid set free
+	 * comes back only after all the others were taken, which takes far
+	 * longer than that. */
+	if (urdma_peer_dead(p) || p->pidfd < 0)
+		return -ESRCH;
+	if (now - atomic_load_explicit(&p->alive_at, memory_order_relaxed) >
+	    1000000) {
+		if (poll(&(struct pollfd){ .fd = p->pidfd, .events = POLLIN },
+			 1, 0))
+			return -ESRCH; /* it exited: its pid may be another's */
+		atomic_store_explicit(&p->alive_at, now, memory_order_relaxed);
+	}
+	got = write ? process_vm_writev(p->pid, &l, 1, &r, 1, 0)
+		    : process_vm_readv(p->pid, &l, 1, &r, 1, 0);
+	if (got < 0 && errno == EPERM && !atomic_exchange(&told, true))
+		urdma_warn("process %d: the kernel refuses access to its "
+			   "memory (ptrace rules: /proc/sys/kernel/yama/"
+			   "ptrace_scope?): its direct memory regions are out "
+			   "of reach", (int)p->pid);
+	if (got < 0)
+		return -errno;
+	return (uint64_t)got == n ? 0 : -EFAULT;
 }
 
 const struct urdma_shm_ctx *urdma_peer_shm(struct urdma_peer *p)

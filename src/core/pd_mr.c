@@ -94,9 +94,29 @@ static void mr_publish(struct urdma_mr *mr, uint32_t pd_id)
 	e->iova = mr->iova;
 	e->length = mr->length;
 	e->va = mr->va;
-	atomic_store_explicit(&e->flags, 0, memory_order_relaxed);
+	atomic_store_explicit(&e->flags, mr->direct ? URDMA_MR_F_DIRECT : 0,
+			      memory_order_relaxed);
 	mr->ibmr.lkey = mr->ibmr.rkey = key;
 	atomic_store_explicit(&e->key, key, memory_order_release);
+}
+
+/* Make [va, va+length) reachable by peers: 0 (backed), 1 (direct: the
+ * context's MR table then names the lock of atomics on it), or -errno. */
+static int mr_back(struct urdma_context *uctx, uint64_t va, uint64_t length,
+		   unsigned int access)
+{
+	int ret = urdma_host_back_range(PAGE_DOWN(va),
+					PAGE_UP(va + length) - PAGE_DOWN(va),
+					access & IBV_ACCESS_LOCAL_WRITE);
+	uint64_t lock;
+
+	if (ret != 1 || atomic_load(&uctx->shm->atomic_lock))
+		return ret;
+	lock = urdma_arena_lock();
+	if (!lock)
+		return -ENOMEM;
+	atomic_store(&uctx->shm->atomic_lock, lock);
+	return 1;
 }
 
 struct ibv_mr *urdma_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length,
@@ -115,12 +135,11 @@ struct ibv_mr *urdma_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length,
 		errno = ret;
 		return NULL;
 	}
-	ret = -urdma_host_back_range(PAGE_DOWN(va),
-				     PAGE_UP(va + length) - PAGE_DOWN(va));
-	if (ret) {
+	ret = mr_back(uctx, va, length, access);
+	if (ret < 0) {
 		urdma_dbg("can't register %p+%zu: %s", addr, length,
-			  strerror(ret));
-		errno = ret;
+			  strerror(-ret));
+		errno = -ret;
 		return NULL;
 	}
 	mr = urdma_zalloc(sizeof(*mr));
@@ -128,6 +147,7 @@ struct ibv_mr *urdma_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length,
 		errno = ENOMEM;
 		return NULL;
 	}
+	mr->direct = ret;
 	pthread_mutex_lock(&uctx->lock);
 	for (unsigned int i = 0; i < URDMA_MAX_MR; i++) {
 		unsigned int j = (uctx->num_mrs + i) % URDMA_MAX_MR;
@@ -186,6 +206,7 @@ int urdma_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd,
 	struct urdma_mr *mr = to_umr(ibmr);
 	struct ibv_pd *old_pd = ibmr->pd;
 	uint64_t va = (uintptr_t)addr;
+	bool direct = mr->direct;
 	int ret;
 
 	/* Input rules of rdma-core's ibv_rereg_mr: nothing given that the
@@ -204,17 +225,26 @@ int urdma_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd,
 		errno = EINVAL;
 		return IBV_REREG_MR_ERR_INPUT;
 	}
-	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
-		ret = urdma_host_back_range(PAGE_DOWN(va), PAGE_UP(va + length) -
-								   PAGE_DOWN(va));
-		if (ret) {
+	if (flags & (IBV_REREG_MR_CHANGE_TRANSLATION |
+		     IBV_REREG_MR_CHANGE_ACCESS)) {
+		/* The new range, or the old one with new rights. */
+		uint64_t nva = flags & IBV_REREG_MR_CHANGE_TRANSLATION ? va : mr->va;
+		uint64_t nlen = flags & IBV_REREG_MR_CHANGE_TRANSLATION ?
+					length : mr->length;
+
+		ret = mr_back(uctx, nva, nlen,
+			      flags & IBV_REREG_MR_CHANGE_ACCESS ? (unsigned)access
+								 : mr->access);
+		if (ret < 0) {
 			errno = -ret;
 			return IBV_REREG_MR_ERR_INPUT;
 		}
+		direct = ret;
 	}
 	/* Under the lock of urdma_mrs_check(), which reads the range and
 	 * flags the entry that mr_publish() rewrites. */
 	pthread_mutex_lock(&uctx->lock);
+	mr->direct = direct;
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
 		mr->va = va;
 		mr->iova = va;

@@ -757,7 +757,8 @@ enum ibv_wc_status urdma_local_spans(struct urdma_qp *qp,
 		if (!sg->length)
 			continue;
 		if (urdma_mr_lookup(qp->uctx->shm, sg->lkey, sg->addr,
-				    sg->length, access, pd_id, &spans[k].va))
+				    sg->length, access, pd_id, &spans[k].va,
+				    &spans[k].direct))
 			return IBV_WC_LOC_PROT_ERR;
 		spans[k].len = sg->length;
 		spans[k].ptr = NULL;

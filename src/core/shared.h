@@ -25,6 +25,8 @@
  * peer that has the memfd and maps offset A sees exactly the owner's page.
  * One-sided operations are then plain loads, stores and CPU atomics by the
  * initiator.  QP shared blocks live in the same memfd (core/arena.c).
+ * Direct MRs (URDMA_MR_F_DIRECT) are not in the memfd: a peer reaches them
+ * in the owner's address space (process_vm_readv/writev, core/host.c).
  */
 #ifndef URDMA_SHARED_H
 #define URDMA_SHARED_H
@@ -35,7 +37,7 @@
 #include <stdint.h>
 
 #define URDMA_SHM_MAGIC 0x75726d61u /* "urma" */
-#define URDMA_SHM_VERSION 2u
+#define URDMA_SHM_VERSION 3u
 #define URDMA_CACHELINE 64
 
 /* MR table: key = (random tag << URDMA_MR_IDX_BITS) | index. */
@@ -45,6 +47,11 @@
 
 enum {
 	URDMA_MR_F_UNMAPPED = 1u << 0, /* the owner unmapped the pages */
+	/* Not backed by the identity memfd (a shared mapping of another
+	 * object: file, SysV, hugetlb, shared anonymous): a peer reaches
+	 * va in the owner's address space with process_vm_readv/writev,
+	 * and does atomics under the owner's lock (urdma_shm_ctx). */
+	URDMA_MR_F_DIRECT = 1u << 1,
 };
 
 struct urdma_shm_mr {
@@ -59,12 +66,17 @@ struct urdma_shm_mr {
 };
 static_assert(sizeof(struct urdma_shm_mr) == 64, "MR entry is one cache line");
 
-/* A context's MR table: peers check rkeys against it without asking us. */
+/* A context's MR table: peers check rkeys against it without asking us.
+ * atomic_lock: where (identity memfd offset, 0 until the first direct MR)
+ * the owner's lock word for atomics on direct MRs is; any writer to it
+ * stores its pid, 0 frees it. */
 struct urdma_shm_ctx {
 	uint32_t magic;
 	uint32_t version;
 	uint32_t ctx_id;
-	uint8_t reserved[URDMA_CACHELINE - 12];
+	uint32_t reserved0;
+	_Atomic uint64_t atomic_lock;
+	uint8_t reserved[URDMA_CACHELINE - 24];
 	struct urdma_shm_mr mr[URDMA_MAX_MR];
 };
 static_assert(sizeof(struct urdma_shm_ctx) == 64 + 64 * URDMA_MAX_MR, "ctx size");

@@ -22,8 +22,10 @@
  * signal is sent: a stopped thread may hold malloc's lock.
  *
  * The one gap: a sleeper that wakes while fn runs (its I/O completes, a
- * timer fires) runs unstopped.  Its run time shows it afterwards, and a
- * warning names it: a store it made to the pages fn moved may be lost.
+ * timer fires) runs unstopped.  fn asks urdma_stop_intact() before the
+ * step that would lose such a thread's stores (backing.c: before mapping
+ * the copy) and gives up if one ran; one that wakes after that question
+ * still shows afterwards, and a warning names it.
  * A thread that blocks our signal (a sigwait() thread, a thread being
  * born) is waited for until it sleeps.  One thread alone (the process has
  * no other): only its own signals are blocked while fn runs.
@@ -398,6 +400,11 @@ static pid_t held_ran(void)
 			return held[i].tid;
 	}
 	return 0;
+}
+
+bool urdma_stop_intact(void)
+{
+	return !held_ran();
 }
 
 int urdma_stop_world(int (*fn)(void *), void *arg)

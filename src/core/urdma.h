@@ -93,6 +93,7 @@ struct urdma_mr {
 	uint64_t length;
 	uint64_t va;
 	uint32_t access;
+	bool direct; /* not backed: URDMA_MR_F_DIRECT */
 };
 
 struct urdma_channel {
@@ -293,11 +294,16 @@ int urdma_host_qp_find(uint32_t qpn, struct urdma_qp_rec *rec);
 /* qp-<qpn> is malformed or names a context nobody listens for. */
 bool urdma_host_qp_stale(uint32_t qpn);
 /* backing.c */
-int urdma_host_back_range(uint64_t start, uint64_t len);
+/* Back [start, start+len) (page aligned; writable mappings if write):
+ * 0, 1 if it stays in place (a direct MR), or -errno: -EFAULT (a hole,
+ * or protections that refuse the access). */
+int urdma_host_back_range(uint64_t start, uint64_t len, bool write);
 int urdma_memfd(void);
 /* stop.c: run fn(arg) with every other thread of the process stopped;
  * fn's result, or -EAGAIN if a thread can't be stopped. */
 int urdma_stop_world(int (*fn)(void *), void *arg);
+/* From fn: has every thread left asleep stayed asleep so far? */
+bool urdma_stop_intact(void);
 /* The library's own threads: urdma_stop_coop() once, at their start;
  * urdma_stop_point() after each wait, before anything else. */
 void urdma_stop_coop(void);
@@ -306,6 +312,9 @@ void urdma_stop_point(void);
 void *urdma_arena_alloc(size_t size, uint64_t *va);
 void urdma_arena_free(void *p, size_t size, bool quarantine);
 void urdma_arena_atfork_child(void);
+/* The memfd offset of this process's lock word for atomics on direct MRs
+ * (made on first use), or 0 if it can't be made. */
+uint64_t urdma_arena_lock(void);
 
 /* A peer context on this host: a reference, connecting or ready. */
 struct urdma_peer *urdma_peer_get(uint32_t ctx_id);
@@ -321,12 +330,20 @@ int urdma_peer_wait(struct urdma_peer *p, int timeout_ms);
 bool urdma_peer_ready(struct urdma_peer *p);
 bool urdma_peer_dead(struct urdma_peer *p);
 pid_t urdma_peer_pid(struct urdma_peer *p);
-/* Check (key, addr, len) against an MR table: 0 and the owner address of
- * addr, or -EINVAL (no such key), -EACCES (access, PD), -ERANGE (bounds),
- * -EFAULT (pages unmapped by the owner). */
+/* Check (key, addr, len) against an MR table: 0, the owner address of
+ * addr and whether the MR is direct (not in the owner's memfd), or
+ * -EINVAL (no such key), -EACCES (access, PD), -ERANGE (bounds), -EFAULT
+ * (pages unmapped by the owner). */
 int urdma_mr_lookup(const struct urdma_shm_ctx *shm, uint32_t key,
 		    uint64_t addr, uint64_t len, uint32_t access, uint32_t pd_id,
-		    uint64_t *va);
+		    uint64_t *va, bool *direct);
+/* Is p this process (NULL, or one of our own contexts)? */
+bool urdma_peer_is_self(const struct urdma_peer *p);
+/* Copy n bytes between local and the peer process's address remote (to
+ * it if write), for a direct MR: 0, -EFAULT (not all of it), -ESRCH (the
+ * process is gone), -EPERM (the kernel refuses). */
+int urdma_peer_vm(struct urdma_peer *p, bool write, void *local,
+		  uint64_t remote, uint64_t n);
 /* The key of MR table entry idx with the random bits rnd: the entry's tag
  * above its index, or 0 when rnd leaves no tag (draw again).  A key is
  * never 0, which names no MR (a tag of 0 would make entry 0's key 0). */

@@ -14,9 +14,12 @@
  * another host and gets TCP.
  */
 #include <errno.h>
-#include <stdlib.h>
 #include <netinet/in.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "transport/transport.h"
 #include "util/log.h"
@@ -102,7 +105,103 @@ static inline void copy_once(uint8_t *d, const uint8_t *s, uint64_t n)
 		*d++ = *s++;
 }
 
-/* Copy len bytes from the spans s (in speer's memory) to d (in dpeer's). */
+uint8_t *urdma_span_ptr(const struct urdma_span *sp, uint64_t off,
+			uint64_t *avail)
+{
+	if (sp->ptr || sp->direct) {
+		*avail = sp->len - off;
+		return (sp->ptr ? sp->ptr : (uint8_t *)(uintptr_t)sp->va) + off;
+	}
+	return urdma_self_ptr(sp->va + off, avail);
+}
+
+/* Byte off of span sp of peer's memory: a pointer (NULL if out of reach)
+ * and how many bytes are contiguous there; *far when it is an address in
+ * the peer process (a direct MR there), for urdma_peer_vm. */
+static uint8_t *piece(struct urdma_peer *peer, const struct urdma_span *sp,
+		      uint64_t off, uint64_t *avail, bool *far)
+{
+	*far = sp->direct && !sp->ptr && !urdma_peer_is_self(peer);
+	if (*far) {
+		*avail = sp->len - off;
+		return (uint8_t *)(uintptr_t)(sp->va + off);
+	}
+	if (peer && !sp->ptr && !sp->direct)
+		return urdma_space_ptr(peer, sp->va + off, avail);
+	return urdma_span_ptr(sp, off, avail);
+}
+
+/* n bytes from sp to dp where one (or both) is in another process. */
+static int copy_far(struct urdma_peer *dpeer, uint8_t *dp, bool dfar,
+		    struct urdma_peer *speer, uint8_t *sp, bool sfar,
+		    uint64_t n)
+{
+	uint8_t bounce[4096];
+
+	if (!sfar)
+		return urdma_peer_vm(dpeer, true, sp, (uintptr_t)dp, n);
+	if (!dfar)
+		return urdma_peer_vm(speer, false, dp, (uintptr_t)sp, n);
+	for (uint64_t k; n; n -= k, dp += k, sp += k) {
+		int ret;
+
+		k = n < sizeof(bounce) ? n : sizeof(bounce);
+		ret = urdma_peer_vm(speer, false, bounce, (uintptr_t)sp, k);
+		if (!ret)
+			ret = urdma_peer_vm(dpeer, true, bounce, (uintptr_t)dp,
+					    k);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+/* The spans touch a direct MR: piece by piece, with a system call for
+ * each piece in another process (kept apart from the common loop below,
+ * whose speed the send path feels). */
+static __attribute__((noinline)) int
+copy_spans_far(struct urdma_peer *dpeer, const struct urdma_span *d, int nd,
+	        struct urdma_peer *speer,
+	       const struct urdma_span *s, int ns, uint64_t len)
+{
+	uint64_t doff = 0, soff = 0;
+	int di = 0, si = 0;
+
+	while (len) {
+		uint64_t davail, savail, n;
+		uint8_t *dp, *sp;
+		bool dfar, sfar;
+
+		while (di < nd && doff == d[di].len)
+			di++, doff = 0;
+		while (si < ns && soff == s[si].len)
+			si++, soff = 0;
+		if (di == nd || si == ns)
+			return -ERANGE;
+		dp = piece(dpeer, &d[di], doff, &davail, &dfar);
+		sp = piece(speer, &s[si], soff, &savail, &sfar);
+		if (!dp || !sp)
+			return -EFAULT;
+		n = len;
+		if (n > d[di].len - doff)
+			n = d[di].len - doff;
+		if (n > s[si].len - soff)
+			n = s[si].len - soff;
+		if (n > davail)
+			n = davail;
+		if (n > savail)
+			n = savail;
+		if (!dfar && !sfar)
+			copy_once(dp, sp, n);
+		else if (copy_far(dpeer, dp, dfar, speer, sp, sfar, n))
+			return -EFAULT;
+		doff += n;
+		soff += n;
+		len -= n;
+	}
+	return 0;
+}
+
 int urdma_copy_spans(struct urdma_peer *dpeer, const struct urdma_span *d,
 		     int nd, struct urdma_peer *speer,
 		     const struct urdma_span *s, int ns, uint64_t len)
@@ -110,6 +209,12 @@ int urdma_copy_spans(struct urdma_peer *dpeer, const struct urdma_span *d,
 	uint64_t doff = 0, soff = 0;
 	int di = 0, si = 0;
 
+	for (int i = 0; i < nd; i++)
+		if (d[i].direct)
+			return copy_spans_far(dpeer, d, nd, speer, s, ns, len);
+	for (int i = 0; i < ns; i++)
+		if (s[i].direct)
+			return copy_spans_far(dpeer, d, nd, speer, s, ns, len);
 	while (len) {
 		uint64_t davail, savail, n;
 		uint8_t *dp, *sp;
@@ -153,15 +258,15 @@ int urdma_copy_spans(struct urdma_peer *dpeer, const struct urdma_span *d,
 
 int urdma_remote_lookup(const struct urdma_shm_ctx *ctx, uint32_t qp_access,
 			uint32_t pd_id, uint32_t key, uint64_t addr,
-			uint64_t len, uint32_t access, uint64_t *va)
+			uint64_t len, uint32_t access, struct urdma_span *sp)
 {
-	if (!len) { /* nothing is touched: nothing to check */
-		*va = 0;
+	*sp = (struct urdma_span){ .len = len };
+	if (!len) /* nothing is touched: nothing to check */
 		return 0;
-	}
 	if ((qp_access & access) != access)
 		return -EACCES; /* the responder QP does not allow it */
-	return urdma_mr_lookup(ctx, key, addr, len, access, pd_id, va);
+	return urdma_mr_lookup(ctx, key, addr, len, access, pd_id, &sp->va,
+			       &sp->direct);
 }
 
 int urdma_rqe_spans(const struct urdma_shm_ctx *ctx, uint32_t pd_id,
@@ -183,7 +288,8 @@ int urdma_rqe_spans(const struct urdma_shm_ctx *ctx, uint32_t pd_id,
 		if (!length)
 			continue;
 		if (urdma_mr_lookup(ctx, lkey, addr, length,
-				    IBV_ACCESS_LOCAL_WRITE, pd_id, &d->va))
+				    IBV_ACCESS_LOCAL_WRITE, pd_id, &d->va,
+				    &d->direct))
 			return -1;
 		d->len = length;
 		d->ptr = NULL;
@@ -243,4 +349,76 @@ uint64_t urdma_atomic_apply(uint64_t *p, bool cas, uint64_t compare_add,
 	__atomic_compare_exchange_n(p, &old, swap, false, __ATOMIC_SEQ_CST,
 				    __ATOMIC_SEQ_CST);
 	return old;
+}
+
+/*
+ * Atomics on a direct MR can't be one instruction when its memory is in
+ * another process: every executor (a peer's requester with two system
+ * calls, the owner's own TCP responder with an instruction) takes the
+ * owner's lock word first, so they are atomic with respect to each other,
+ * as IBV_ATOMIC_HCA promises.  The word holds the holder's pid; a holder
+ * that died is replaced, one that holds on for DLOCK_WAIT_NS makes the
+ * operation fail.
+ */
+#define DLOCK_WAIT_NS 1000000000ull
+
+static bool dlock_take(_Atomic uint64_t *w)
+{
+	uint64_t me = (uint64_t)getpid(), end = 0;
+
+	for (unsigned int i = 0;; i++) {
+		uint64_t cur = 0;
+
+		if (atomic_compare_exchange_weak(w, &cur, me))
+			return true;
+		if (i < 100) {
+			__builtin_ia32_pause();
+			continue;
+		}
+		if (!end)
+			end = urdma_now_ns() + DLOCK_WAIT_NS;
+		if (cur && (cur > INT32_MAX ||
+			    (kill((pid_t)cur, 0) && errno == ESRCH)) &&
+		    atomic_compare_exchange_strong(w, &cur, me))
+			return true; /* its holder is gone */
+		if (urdma_now_ns() > end)
+			return false;
+		sched_yield();
+	}
+}
+
+int urdma_atomic_span(struct urdma_peer *peer, const struct urdma_shm_ctx *ctx,
+		      const struct urdma_span *t, bool cas,
+		      uint64_t compare_add, uint64_t swap, uint64_t *old)
+{
+	uint64_t avail, lock_va, v, nv, me = (uint64_t)getpid();
+	_Atomic uint64_t *w;
+	bool far;
+	uint8_t *p = piece(peer, t, 0, &avail, &far);
+	int ret = 0;
+
+	if (!p || avail < 8)
+		return -EFAULT;
+	if (!t->direct) {
+		*old = urdma_atomic_apply((uint64_t *)p, cas, compare_add, swap);
+		return 0;
+	}
+	lock_va = atomic_load_explicit(&ctx->atomic_lock, memory_order_relaxed);
+	w = lock_va && !(lock_va & 7) ?
+		    urdma_space_ptr(peer, lock_va, &avail) : NULL;
+	if (!w || avail < 8)
+		return -EFAULT;
+	if (!dlock_take(w))
+		return -ETIMEDOUT;
+	if (!far) {
+		*old = urdma_atomic_apply((uint64_t *)p, cas, compare_add, swap);
+	} else {
+		ret = urdma_peer_vm(peer, false, &v, (uintptr_t)p, 8);
+		nv = cas ? (v == compare_add ? swap : v) : v + compare_add;
+		if (!ret && nv != v)
+			ret = urdma_peer_vm(peer, true, &nv, (uintptr_t)p, 8);
+		*old = v;
+	}
+	atomic_compare_exchange_strong(w, &me, 0);
+	return ret;
 }

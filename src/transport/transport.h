@@ -53,32 +53,41 @@ void urdma_tcp_register_qp(struct urdma_qp *qp);
 void urdma_tcp_release_qpn(uint32_t qpn);
 
 /* A contiguous piece of memory: in this process (peer NULL), in a peer's
- * registered memory, or a direct pointer (inline data). */
+ * registered memory, or a direct pointer (inline data).  direct: va is in
+ * a direct MR (core/backing.c), reached at its address in its process. */
 struct urdma_span {
 	uint64_t va;
 	uint64_t len;
 	uint8_t *ptr;
+	bool direct;
 };
 
 /* Is gid (16 bytes) one of the context's GIDs, or loopback: this host? */
 bool urdma_gid_is_local(const struct urdma_context *uctx, const void *gid);
 
+/* Copy len bytes from the spans s (in speer's memory) to d (in dpeer's):
+ * 0, -ERANGE (the spans are too short), or -EFAULT (memory out of reach;
+ * some bytes may have been copied). */
 int urdma_copy_spans(struct urdma_peer *dpeer, const struct urdma_span *d,
 		     int nd, struct urdma_peer *speer,
 		     const struct urdma_span *s, int ns, uint64_t len);
 void *urdma_space_ptr(struct urdma_peer *peer, uint64_t va, uint64_t *avail);
+/* Byte off of span sp of this process: a pointer and how many bytes are
+ * contiguous there, or NULL. */
+uint8_t *urdma_span_ptr(const struct urdma_span *sp, uint64_t off,
+			uint64_t *avail);
 
 /*
  * The responder's side of a delivery, shared by the transports (the shm
  * requester works in the responder's memory, the TCP receiver in its own).
  */
 /* Resolve [addr, addr+len) under key in ctx's MRs for a remote access
- * through a QP with access flags qp_access in PD pd_id: -EACCES when the
- * QP's flags refuse it, else as urdma_mr_lookup.  A zero-length access
- * touches nothing and is not checked. */
+ * through a QP with access flags qp_access in PD pd_id, into *sp: -EACCES
+ * when the QP's flags refuse it, else as urdma_mr_lookup.  A zero-length
+ * access touches nothing and is not checked. */
 int urdma_remote_lookup(const struct urdma_shm_ctx *ctx, uint32_t qp_access,
 			uint32_t pd_id, uint32_t key, uint64_t addr,
-			uint64_t len, uint32_t access, uint64_t *va);
+			uint64_t len, uint32_t access, struct urdma_span *sp);
 /* Receive WR e (of a QP in PD pd_id) as spans of ctx's memory, at most
  * max_sge of them whatever e says; -1 on a bad lkey. */
 int urdma_rqe_spans(const struct urdma_shm_ctx *ctx, uint32_t pd_id,
@@ -96,6 +105,13 @@ bool urdma_rq_notify_claim(struct urdma_shm_qp *t, bool solicited);
  * returns the old value. */
 uint64_t urdma_atomic_apply(uint64_t *p, bool cas, uint64_t compare_add,
 			    uint64_t swap);
+/* The same on the 8 bytes of span t (of peer's memory, as resolved from
+ * ctx, peer's MR table; this process's if peer is NULL), whether direct or
+ * not: 0 and *old, or -errno (out of reach; the owner's lock for direct
+ * MRs could not be had). */
+int urdma_atomic_span(struct urdma_peer *peer, const struct urdma_shm_ctx *ctx,
+		      const struct urdma_span *t, bool cas,
+		      uint64_t compare_add, uint64_t swap, uint64_t *old);
 
 /* A deliverer enters t's receive ring (busy, then the caller checks the
  * state: the owner sets its state, then waits for busy to clear). */

@@ -31,6 +31,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -730,6 +731,107 @@ static void planted_files(void *arg)
 	free(buf);
 }
 
+/*
+ * The lock word of atomics on a direct MR (shared.h: atomic_lock) is in the
+ * owner's memfd, where any peer can write.  Held by a process that died, it
+ * is taken over and the atomic succeeds; held by a live one for good, the
+ * atomic fails (REM_OP_ERR) within a few seconds instead of hanging.
+ */
+static void post_faa(struct ibv_qp *qp, uint64_t id, uint64_t *res,
+		     uint32_t lkey, const struct t_conn *to, uint64_t add)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)res, .length = 8,
+			       .lkey = lkey };
+	struct ibv_send_wr wr = { .wr_id = id, .sg_list = &sge, .num_sge = 1,
+				  .opcode = IBV_WR_ATOMIC_FETCH_AND_ADD,
+				  .send_flags = IBV_SEND_SIGNALED }, *bad;
+
+	wr.wr.atomic.remote_addr = to->addr;
+	wr.wr.atomic.rkey = to->rkey;
+	wr.wr.atomic.compare_add = add;
+	REQUIRE(ibv_post_send(qp, &wr, &bad) == 0, "post");
+}
+
+static void lock_owner(struct t_peer *p, void *arg)
+{
+	struct t_res r;
+	uint64_t *word = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+			      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct ibv_mr *mr;
+
+	(void)arg;
+	REQUIRE(word != MAP_FAILED, "mmap");
+	t_res_open(&r, NULL);
+	mr = t_reg(&r, word, 4096,
+		   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+	t_connect_pair(p, &r, mr, NULL);
+	t_barrier_timeout(p, 20000);
+	CHECK(*word == 5, "the counter is %llu, not 5 (one fetch-and-add)",
+	      (unsigned long long)*word);
+	t_res_close(&r);
+	munmap(word, 4096);
+}
+
+static void lock_taker(struct t_peer *p, void *arg)
+{
+	struct t_conn remote;
+	struct urdma_qp_rec rec;
+	const struct urdma_shm_ctx *tbl;
+	_Atomic uint64_t *lock;
+	struct ibv_wc wc;
+	struct t_res r;
+	uint64_t *res = t_alloc(4096), lva, t0;
+	struct ibv_mr *mr;
+	int fds[2];
+	pid_t dead;
+
+	(void)arg;
+	t_res_open(&r, NULL);
+	mr = t_reg(&r, res, 4096, IBV_ACCESS_LOCAL_WRITE);
+	t_connect_pair(p, &r, NULL, &remote);
+	REQUIRE(read_record(remote.qpn, &rec), "record of qp %#x", remote.qpn);
+	REQUIRE(take_hello(rec.ctx_id, fds), "hello of context %x", rec.ctx_id);
+	tbl = mmap(NULL, sizeof(*tbl), PROT_READ, MAP_SHARED, fds[0], 0);
+	REQUIRE(tbl != MAP_FAILED, "MR table");
+	lva = atomic_load(&tbl->atomic_lock);
+	REQUIRE(lva && !(lva & 7), "a direct MR's table names its lock (%#llx)",
+		(unsigned long long)lva);
+	lock = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1],
+		    (off_t)(lva & ~4095ull));
+	REQUIRE(lock != MAP_FAILED, "mapping the lock");
+	lock += (lva & 4095) / 8;
+
+	/* Held by a process that is gone. */
+	dead = fork();
+	if (dead == 0)
+		_exit(0);
+	REQUIRE(dead > 0 && waitpid(dead, NULL, 0) == dead, "a dead pid");
+	atomic_store(lock, (uint64_t)dead);
+	post_faa(r.qp, 0, res, mr->lkey, &remote, 5);
+	CHECK(t_expect_wc(r.send_cq, &wc, 0, IBV_WC_SUCCESS, IBV_WC_FETCH_ADD,
+			  "fetch-and-add past a dead holder"),
+	      "taken over");
+	CHECK(atomic_load(lock) == 0, "the lock is free again: %llu",
+	      (unsigned long long)atomic_load(lock));
+
+	/* Held for good by a live process (the owner itself). */
+	atomic_store(lock, (uint64_t)p->child_pid);
+	t0 = t_now_ms();
+	post_faa(r.qp, 1, res, mr->lkey, &remote, 100);
+	CHECK(t_expect_wc(r.send_cq, &wc, 1, IBV_WC_REM_OP_ERR, -1,
+			  "fetch-and-add behind a live holder"),
+	      "fails");
+	CHECK(t_now_ms() - t0 < 5000, "it took %llu ms",
+	      (unsigned long long)(t_now_ms() - t0));
+	CHECK(atomic_load(lock) == (uint64_t)p->child_pid, "the holder keeps it");
+	atomic_store(lock, 0);
+	t_barrier_timeout(p, 20000);
+	t_res_close(&r);
+	close(fds[0]);
+	close(fds[1]);
+	free(res);
+}
+
 int main(int argc, char **argv)
 {
 	setenv("URDMA_TRANSPORT", "shm", 1);
@@ -742,6 +844,7 @@ int main(int argc, char **argv)
 	t_pair("bogus_completion", bogus_completion, sender, NULL);
 	t_pair("entry_scribble", entry_scribble, sender, NULL);
 	t_pair("busy_forever", busy_forever, sender, NULL);
+	t_pair("direct_atomic_lock", lock_taker, lock_owner, NULL);
 	t_case("seals", seals, NULL);
 	t_case("hello_file_for_memory", bad_hello, (void *)0);
 	t_case("hello_unsealed_memfd", bad_hello, (void *)1);

@@ -35,6 +35,7 @@ static void test_mr_lookup(void)
 	struct urdma_shm_mr *e = &shm->mr[5];
 	uint32_t key = (0x1234u << URDMA_MR_IDX_BITS) | 5;
 	uint64_t va = 0;
+	bool direct = true;
 
 	e->access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
 	e->pd_id = 7;
@@ -43,25 +44,28 @@ static void test_mr_lookup(void)
 	e->va = 0x7f0000;
 	atomic_store(&e->key, key);
 
-	CHECK(urdma_mr_lookup(shm, key, 0x10000, 0x1000, IBV_ACCESS_REMOTE_WRITE, 7, &va) == 0);
-	CHECK(va == 0x7f0000);
-	CHECK(urdma_mr_lookup(shm, key, 0x10010, 16, 0, 7, &va) == 0 && va == 0x7f0010);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 0x1000, IBV_ACCESS_REMOTE_WRITE, 7, &va, &direct) == 0);
+	CHECK(va == 0x7f0000 && !direct);
+	CHECK(urdma_mr_lookup(shm, key, 0x10010, 16, 0, 7, &va, &direct) == 0 && va == 0x7f0010);
 	/* a key with another tag, or a free slot */
-	CHECK(urdma_mr_lookup(shm, key ^ (1u << 20), 0x10000, 8, 0, 7, &va) == -EINVAL);
-	CHECK(urdma_mr_lookup(shm, 6, 0x10000, 8, 0, 7, &va) == -EINVAL);
-	CHECK(urdma_mr_lookup(shm, 0, 0x10000, 8, 0, 7, &va) == -EINVAL);
+	CHECK(urdma_mr_lookup(shm, key ^ (1u << 20), 0x10000, 8, 0, 7, &va, &direct) == -EINVAL);
+	CHECK(urdma_mr_lookup(shm, 6, 0x10000, 8, 0, 7, &va, &direct) == -EINVAL);
+	CHECK(urdma_mr_lookup(shm, 0, 0x10000, 8, 0, 7, &va, &direct) == -EINVAL);
 	/* rights and PD */
-	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, IBV_ACCESS_REMOTE_READ, 7, &va) == -EACCES);
-	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 8, &va) == -EACCES);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, IBV_ACCESS_REMOTE_READ, 7, &va, &direct) == -EACCES);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 8, &va, &direct) == -EACCES);
 	/* bounds, including overflow */
-	CHECK(urdma_mr_lookup(shm, key, 0xffff, 8, 0, 7, &va) == -ERANGE);
-	CHECK(urdma_mr_lookup(shm, key, 0x10ff9, 8, 0, 7, &va) == -ERANGE);
-	CHECK(urdma_mr_lookup(shm, key, 0x10000, 0x1001, 0, 7, &va) == -ERANGE);
-	CHECK(urdma_mr_lookup(shm, key, 0x10008, UINT64_MAX, 0, 7, &va) == -ERANGE);
-	CHECK(urdma_mr_lookup(shm, key, UINT64_MAX - 3, 8, 0, 7, &va) == -ERANGE);
+	CHECK(urdma_mr_lookup(shm, key, 0xffff, 8, 0, 7, &va, &direct) == -ERANGE);
+	CHECK(urdma_mr_lookup(shm, key, 0x10ff9, 8, 0, 7, &va, &direct) == -ERANGE);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 0x1001, 0, 7, &va, &direct) == -ERANGE);
+	CHECK(urdma_mr_lookup(shm, key, 0x10008, UINT64_MAX, 0, 7, &va, &direct) == -ERANGE);
+	CHECK(urdma_mr_lookup(shm, key, UINT64_MAX - 3, 8, 0, 7, &va, &direct) == -ERANGE);
+	/* a direct MR says so */
+	atomic_store(&e->flags, URDMA_MR_F_DIRECT);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 7, &va, &direct) == 0 && direct);
 	/* pages the owner unmapped */
 	atomic_store(&e->flags, URDMA_MR_F_UNMAPPED);
-	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 7, &va) == -EFAULT);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 7, &va, &direct) == -EFAULT);
 	/* keys: the tag above the index; random bits that leave no tag
 	 * (the low 32 - URDMA_MR_IDX_BITS bits zero) give none, so entry 0
 	 * never gets key 0, which no lookup accepts */
@@ -101,7 +105,7 @@ static void test_backing(void)
 	memset(buf, 'a', len);
 	uint64_t start = (uintptr_t)buf & ~4095ull;
 	uint64_t end = ((uintptr_t)buf + len + 4095) & ~4095ull;
-	CHECK(urdma_host_back_range(start, end - start) == 0);
+	CHECK(urdma_host_back_range(start, end - start, true) == 0);
 	/* contents kept, and the library's window sees the same bytes */
 	CHECK(buf[0] == 'a' && buf[len - 1] == 'a');
 	p = urdma_self_ptr((uintptr_t)buf, &avail);
@@ -113,7 +117,7 @@ static void test_backing(void)
 		CHECK(p[9] == 'y');
 	}
 	/* backing again is a no-op */
-	CHECK(urdma_host_back_range(start, end - start) == 0);
+	CHECK(urdma_host_back_range(start, end - start, true) == 0);
 	CHECK(buf[7] == 'z');
 	/* A forked child gets private copies of backed pages, as fork
 	 * promises: it sees the bytes as they were, and what it writes
@@ -133,11 +137,15 @@ static void test_backing(void)
 	char *m = mmap(NULL, 3 * 4096, PROT_READ | PROT_WRITE,
 		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	munmap(m + 4096, 4096);
-	CHECK(urdma_host_back_range((uintptr_t)m, 3 * 4096) == -EFAULT);
-	/* a shared mapping of another object is refused */
+	CHECK(urdma_host_back_range((uintptr_t)m, 3 * 4096, true) == -EFAULT);
+	/* a shared mapping of another object stays in place (direct) */
 	char *sh = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
 			MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	CHECK(urdma_host_back_range((uintptr_t)sh, 4096) == -EOPNOTSUPP);
+	CHECK(urdma_host_back_range((uintptr_t)sh, 4096, true) == 1);
+	/* read-only pages can't be registered for writing */
+	mprotect(sh, 4096, PROT_READ);
+	CHECK(urdma_host_back_range((uintptr_t)sh, 4096, true) == -EFAULT);
+	CHECK(urdma_host_back_range((uintptr_t)sh, 4096, false) == 1);
 	munmap(sh, 4096);
 	munmap(m, 4096);
 	munmap(m + 8192, 4096);

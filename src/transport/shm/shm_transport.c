@@ -152,14 +152,11 @@ static void responder_notify(struct urdma_qp *qp, bool solicited)
 static int remote_span(struct urdma_qp *qp, struct urdma_swqe *w,
 		       uint32_t access, uint64_t len, struct urdma_span *sp)
 {
-	sp->ptr = NULL;
-	sp->len = len;
 	struct urdma_shm_qp *t = qp->peer_qp;
 
 	return urdma_remote_lookup(urdma_peer_shm(qp->peer),
 				   READ_ONCE(t->access), READ_ONCE(t->pd_id),
-				   w->rkey, w->remote_addr, len, access,
-				   &sp->va);
+				   w->rkey, w->remote_addr, len, access, sp);
 }
 
 /*
@@ -336,7 +333,8 @@ static enum urdma_tx shm_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 		return URDMA_TX_DONE;
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
 	case IBV_WR_ATOMIC_FETCH_AND_ADD: {
-		uint64_t avail, old, *target, *result;
+		struct urdma_span result = { .len = 8 };
+		uint64_t old;
 
 		*status = urdma_local_spans(qp, w, local, &nl,
 					    IBV_ACCESS_LOCAL_WRITE);
@@ -350,16 +348,18 @@ static enum urdma_tx shm_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 		ret = remote_span(qp, w, IBV_ACCESS_REMOTE_ATOMIC, 8, &remote);
 		if (ret)
 			break;
-		target = urdma_space_ptr(qp->peer, remote.va, &avail);
-		result = urdma_space_ptr(NULL, local[0].va, &avail);
-		if (!target || !result || avail < 8) {
-			*status = IBV_WC_LOC_PROT_ERR;
+		if (urdma_atomic_span(qp->peer, urdma_peer_shm(qp->peer),
+				      &remote,
+				      w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP,
+				      w->compare_add, w->swap, &old)) {
+			/* The target's memory is out of our reach. */
+			*status = IBV_WC_REM_OP_ERR;
+			responder_error(qp);
 			return URDMA_TX_DONE;
 		}
-		old = urdma_atomic_apply(target,
-					 w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP,
-					 w->compare_add, w->swap);
-		memcpy(result, &old, 8);
+		result.ptr = (uint8_t *)&old;
+		if (urdma_copy_spans(NULL, local, nl, NULL, &result, 1, 8))
+			*status = IBV_WC_LOC_PROT_ERR;
 		return URDMA_TX_DONE;
 	}
 	default:

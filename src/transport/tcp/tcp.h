@@ -82,6 +82,7 @@ struct tcp_rsp {
 	uint32_t hlen, len;
 	uint64_t va, off;
 	bool read;
+	bool direct; /* va is in a direct MR */
 };
 
 /* Why a stream stays parked until our next send ends (tx_unpark): */

@@ -260,12 +260,12 @@ static uint32_t lookup_term(int err, bool tagged)
 
 /* Resolve [to, to+len) of one of our MRs for a remote access. */
 static int remote_access(struct urdma_qp *qp, uint32_t stag, uint64_t to,
-			 uint64_t len, uint32_t access, uint64_t *va)
+			 uint64_t len, uint32_t access, struct urdma_span *sp)
 {
 	return urdma_remote_lookup(qp->uctx->shm,
 				   READ_ONCE(qp->attr.qp_access_flags),
 				   to_upd(qp->ibqp.pd)->id, stag, to, len,
-				   access, va);
+				   access, sp);
 }
 
 /* Claim the next receive WR, with the ring entered.  false: none posted. */
@@ -398,16 +398,15 @@ static int rx_imm(struct tcp_conn *c, const struct iwarp_msg *m)
 static int rx_write(struct tcp_conn *c, const struct iwarp_msg *m,
 		    uint32_t *term)
 {
-	uint64_t va;
+	struct urdma_span d;
 	int err = remote_access(c->qp, m->stag, m->to, m->len,
-				IBV_ACCESS_REMOTE_WRITE, &va);
+				IBV_ACCESS_REMOTE_WRITE, &d);
 
 	if (err) {
 		*term = lookup_term(err, true);
 		return RX_ERR;
 	}
 	if (m->len) {
-		struct urdma_span d = { .va = va, .len = m->len };
 		struct urdma_span s = { .len = m->len, .ptr = (uint8_t *)m->payload };
 
 		if (urdma_copy_spans(NULL, &d, 1, NULL, &s, 1, m->len)) {
@@ -492,11 +491,11 @@ static int rx_read_req(struct tcp_conn *c, const struct iwarp_msg *m,
 {
 	const struct rdmap_read_req *rr = &m->u.rr;
 	struct tcp_rsp rsp = { 0 };
-	uint64_t va;
+	struct urdma_span src;
 	int err;
 
 	err = remote_access(c->qp, rr->src_stag, rr->src_to, rr->size,
-			    IBV_ACCESS_REMOTE_READ, &va);
+			    IBV_ACCESS_REMOTE_READ, &src);
 	if (err) {
 		*term = lookup_term(err, false);
 		*term |= TERM_HDRCT_R << 13;
@@ -506,7 +505,8 @@ static int rx_read_req(struct tcp_conn *c, const struct iwarp_msg *m,
 	rsp.hlen = tcp_put_tagged(rsp.hdr, RDMAP_READ_RESP, rr->sink_stag,
 			      rr->sink_to);
 	rsp.read = true;
-	rsp.va = va;
+	rsp.va = src.va;
+	rsp.direct = src.direct;
 	rsp.len = rr->size;
 	/* A flush's answer waits for our next message, two quiet polls, a
 	 * call to the connection manager (tcp_release) or its time (the
@@ -529,8 +529,8 @@ static int rx_atomic_req(struct tcp_conn *c, const struct iwarp_msg *m,
 	const struct rdmap_atomic_req *a = &m->u.areq;
 	struct rdmap_atomic_resp resp;
 	struct tcp_rsp r = { 0 };
-	uint64_t va, avail, orig;
-	uint64_t *p;
+	struct urdma_span t;
+	uint64_t orig;
 	int err;
 
 	/* We implement the verbs atomics: no masks. */
@@ -543,7 +543,7 @@ static int rx_atomic_req(struct tcp_conn *c, const struct iwarp_msg *m,
 		return RX_ERR;
 	}
 	err = remote_access(c->qp, a->stag, a->to, 8, IBV_ACCESS_REMOTE_ATOMIC,
-			    &va);
+			    &t);
 	if (!err && (a->to & 7)) {
 		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
 				  TERM_RDMAP_EC_ATOMIC_ALIGN, TERM_HDRCT_D);
@@ -553,15 +553,14 @@ static int rx_atomic_req(struct tcp_conn *c, const struct iwarp_msg *m,
 		*term = lookup_term(err, false);
 		return RX_ERR;
 	}
-	p = urdma_self_ptr(va, &avail);
-	if (!p || avail < 8) {
+	if (urdma_atomic_span(NULL, c->qp->uctx->shm, &t,
+			      a->opcode == ATOMIC_CMP_SWAP,
+			      a->opcode == ATOMIC_CMP_SWAP ? a->compare :
+							     a->add_swap,
+			      a->add_swap, &orig)) {
 		*term = lookup_term(-EFAULT, false);
 		return RX_ERR;
 	}
-	orig = urdma_atomic_apply(p, a->opcode == ATOMIC_CMP_SWAP,
-				  a->opcode == ATOMIC_CMP_SWAP ? a->compare :
-								 a->add_swap,
-				  a->add_swap);
 	c->rx_msn[DDP_QN_ATOMIC_REQ]++;
 	resp.req_id = htonl(a->req_id);
 	resp.orig = htobe64(orig);

@@ -110,14 +110,9 @@ int tcp_frame(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 				si++, soff = 0;
 			if (si == nsp)
 				return -EFAULT;
-			if (sp[si].ptr) {
-				p = sp[si].ptr + soff;
-				avail = sp[si].len - soff;
-			} else {
-				p = urdma_self_ptr(sp[si].va + soff, &avail);
-				if (!p)
-					return -EFAULT;
-			}
+			p = urdma_span_ptr(&sp[si], soff, &avail);
+			if (!p)
+				return -EFAULT;
 			k = left;
 			if (k > sp[si].len - soff)
 				k = sp[si].len - soff;
@@ -336,7 +331,8 @@ static int rsp_step(struct tcp_conn *c)
 	}
 	r = c->rsp[c->rsp_head & (c->rsp_size - 1)];
 	pthread_mutex_unlock(&c->rsp_lock);
-	sp = (struct urdma_span){ .va = r.va, .len = r.len };
+	sp = (struct urdma_span){ .va = r.va, .len = r.len,
+				  .direct = r.direct };
 	off = r.off;
 	nseg = tcp_frame(c, r.hdr, r.hlen, &sp, r.read, r.len, &off, &end, seg,
 		     RSP_SEGS, iov, &niov, fiov);
