@@ -105,30 +105,31 @@ static inline void copy_once(uint8_t *d, const uint8_t *s, uint64_t n)
 		*d++ = *s++;
 }
 
-uint8_t *urdma_span_ptr(const struct urdma_span *sp, uint64_t off,
-			uint64_t *avail)
-{
-	if (sp->ptr || sp->direct) {
-		*avail = sp->len - off;
-		return (sp->ptr ? sp->ptr : (uint8_t *)(uintptr_t)sp->va) + off;
-	}
-	return urdma_self_ptr(sp->va + off, avail);
-}
-
-/* Byte off of span sp of peer's memory: a pointer (NULL if out of reach)
- * and how many bytes are contiguous there; *far when it is an address in
- * the peer process (a direct MR there), for urdma_peer_vm. */
+/* Byte off of span sp of peer's memory (this process's if peer is NULL):
+ * a pointer (NULL if out of reach) and how many bytes are contiguous
+ * there; *far when it is an address in the peer process (a direct MR
+ * there), for urdma_peer_vm. */
 static uint8_t *piece(struct urdma_peer *peer, const struct urdma_span *sp,
 		      uint64_t off, uint64_t *avail, bool *far)
 {
-	*far = sp->direct && !sp->ptr && !urdma_peer_is_self(peer);
-	if (*far) {
+	*far = false;
+	if (sp->ptr) {
 		*avail = sp->len - off;
-		return (uint8_t *)(uintptr_t)(sp->va + off);
+		return sp->ptr + off;
 	}
-	if (peer && !sp->ptr && !sp->direct)
+	if (!sp->direct)
 		return urdma_space_ptr(peer, sp->va + off, avail);
-	return urdma_span_ptr(sp, off, avail);
+	*far = !urdma_peer_is_self(peer);
+	*avail = sp->len - off;
+	return (uint8_t *)(uintptr_t)(sp->va + off);
+}
+
+uint8_t *urdma_span_ptr(const struct urdma_span *sp, uint64_t off,
+			uint64_t *avail)
+{
+	bool far;
+
+	return piece(NULL, sp, off, avail, &far);
 }
 
 /* n bytes from sp to dp where one (or both) is in another process. */
@@ -156,13 +157,9 @@ static int copy_far(struct urdma_peer *dpeer, uint8_t *dp, bool dfar,
 	return 0;
 }
 
-/* The spans touch a direct MR: piece by piece, with a system call for
- * each piece in another process (kept apart from the common loop below,
- * whose speed the send path feels). */
-static __attribute__((noinline)) int
-copy_spans_far(struct urdma_peer *dpeer, const struct urdma_span *d, int nd,
-	        struct urdma_peer *speer,
-	       const struct urdma_span *s, int ns, uint64_t len)
+int urdma_copy_spans(struct urdma_peer *dpeer, const struct urdma_span *d,
+		     int nd, struct urdma_peer *speer,
+		     const struct urdma_span *s, int ns, uint64_t len)
 {
 	uint64_t doff = 0, soff = 0;
 	int di = 0, si = 0;
@@ -195,60 +192,6 @@ copy_spans_far(struct urdma_peer *dpeer, const struct urdma_span *d, int nd,
 			copy_once(dp, sp, n);
 		else if (copy_far(dpeer, dp, dfar, speer, sp, sfar, n))
 			return -EFAULT;
-		doff += n;
-		soff += n;
-		len -= n;
-	}
-	return 0;
-}
-
-int urdma_copy_spans(struct urdma_peer *dpeer, const struct urdma_span *d,
-		     int nd, struct urdma_peer *speer,
-		     const struct urdma_span *s, int ns, uint64_t len)
-{
-	uint64_t doff = 0, soff = 0;
-	int di = 0, si = 0;
-
-	for (int i = 0; i < nd; i++)
-		if (d[i].direct)
-			return copy_spans_far(dpeer, d, nd, speer, s, ns, len);
-	for (int i = 0; i < ns; i++)
-		if (s[i].direct)
-			return copy_spans_far(dpeer, d, nd, speer, s, ns, len);
-	while (len) {
-		uint64_t davail, savail, n;
-		uint8_t *dp, *sp;
-
-		while (di < nd && doff == d[di].len)
-			di++, doff = 0;
-		while (si < ns && soff == s[si].len)
-			si++, soff = 0;
-		if (di == nd || si == ns)
-			return -ERANGE;
-		if (d[di].ptr) {
-			dp = d[di].ptr + doff;
-			davail = d[di].len - doff;
-		} else {
-			dp = urdma_space_ptr(dpeer, d[di].va + doff, &davail);
-		}
-		if (s[si].ptr) {
-			sp = s[si].ptr + soff;
-			savail = s[si].len - soff;
-		} else {
-			sp = urdma_space_ptr(speer, s[si].va + soff, &savail);
-		}
-		if (!dp || !sp)
-			return -EFAULT;
-		n = len;
-		if (n > d[di].len - doff)
-			n = d[di].len - doff;
-		if (n > s[si].len - soff)
-			n = s[si].len - soff;
-		if (n > davail)
-			n = davail;
-		if (n > savail)
-			n = savail;
-		copy_once(dp, sp, n);
 		doff += n;
 		soff += n;
 		len -= n;
@@ -362,9 +305,9 @@ uint64_t urdma_atomic_apply(uint64_t *p, bool cas, uint64_t compare_add,
  */
 #define DLOCK_WAIT_NS 1000000000ull
 
-static bool dlock_take(_Atomic uint64_t *w)
+static bool dlock_take(_Atomic uint64_t *w, uint64_t me)
 {
-	uint64_t me = (uint64_t)getpid(), end = 0;
+	uint64_t end = 0;
 
 	for (unsigned int i = 0;; i++) {
 		uint64_t cur = 0;
@@ -391,7 +334,7 @@ int urdma_atomic_span(struct urdma_peer *peer, const struct urdma_shm_ctx *ctx,
 		      const struct urdma_span *t, bool cas,
 		      uint64_t compare_add, uint64_t swap, uint64_t *old)
 {
-	uint64_t avail, lock_va, v, nv, me = (uint64_t)getpid();
+	uint64_t avail, lock_va, v, nv, me;
 	_Atomic uint64_t *w;
 	bool far;
 	uint8_t *p = piece(peer, t, 0, &avail, &far);
@@ -408,7 +351,8 @@ int urdma_atomic_span(struct urdma_peer *peer, const struct urdma_shm_ctx *ctx,
 		    urdma_space_ptr(peer, lock_va, &avail) : NULL;
 	if (!w || avail < 8)
 		return -EFAULT;
-	if (!dlock_take(w))
+	me = (uint64_t)getpid();
+	if (!dlock_take(w, me))
 		return -ETIMEDOUT;
 	if (!far) {
 		*old = urdma_atomic_apply((uint64_t *)p, cas, compare_add, swap);

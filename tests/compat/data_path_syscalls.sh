@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# No system call per message on the shared-memory data path: Debian's
+# perftest ib_{send,write,read,atomic}_lat (-n 2000, both processes on this
+# host) with the client under `strace -f -c`.  A case fails when any system
+# call was made N/4 times or more (set-up makes fewer than 100 of each).
+# Usage: data_path_syscalls.sh BUILD_DIR     (exit 0 pass, 1 fail, 77 skip)
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=common.sh
+. "$HERE/common.sh"
+compat_init "${1:-}"
+need_cmd ib_send_lat perftest
+need_cmd strace strace
+
+N=2000
+PORT_BASE=${COMPAT_SYSCALLS_PORT:-18780}
+T=${COMPAT_SYSCALLS_TIMEOUT:-60}
+SRV_RUN="$URDMA run"
+CLI_RUN="$URDMA run strace -f -c -U calls,name"
+TARGET=127.0.0.1
+RESULT_RE='#bytes'
+
+# The strace summary in the client's log: at most N/4 calls of each.
+few_syscalls() {
+    awk -v max=$((N / 4)) '
+        /^-+ -+/ { table = 1; next }
+        table && $1 ~ /^[0-9]+$/ && $2 != "total" && $1 >= max {
+            printf "  %s: %d calls for %d messages\n", $2, $1, '"$N"'; bad = 1 }
+        END { exit bad }' "$1"
+}
+RESULT_CHECK=few_syscalls
+show_calls() { grep -A12 -E '^ *calls +syscall' "$1" | sed 's/^/  | /'; }
+
+CASES=()
+for t in ib_send_lat ib_write_lat ib_read_lat ib_atomic_lat; do
+    need_cmd "$t" perftest
+    CASES+=("$t|$t -d ${COMPAT_DEVICE:-urdma0} -F -n $N")
+done
+run_cases show_calls "${CASES[@]}"
+finish
