@@ -120,6 +120,15 @@ uint64_t urdma_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
 }
 
+uint32_t urdma_random32(void)
+{
+	uint32_t r;
+
+	if (getrandom(&r, sizeof(r), 0) != sizeof(r))
+		r = (uint32_t)urdma_now_ns() * 2654435761u;
+	return r;
+}
+
 /* Contexts, peers and the progress thread belong to the parent; so do the
  * sockets (closed, so that they tell the parent's peers nothing wrong). */
 static void host_atfork_child(void)
@@ -127,6 +136,8 @@ static void host_atfork_child(void)
 	struct urdma_peer *p;
 
 	list_for_each_entry(p, &peers, node) {
+		if (p->pidfd >= 0)
+			close(p->pidfd);
 		if (p->sock >= 0) {
 			close(p->sock);
 			close(p->memfd);
@@ -237,14 +248,12 @@ int urdma_host_qp_publish(uint32_t qpn, uint32_t ctx_id, uint64_t va,
 		.size = size,
 	};
 	char tmp[64], name[32];
-	uint32_t r;
 	int fd, ret = 0;
 
 	if (!urdma_host_shm_ok())
 		return 0;
-	if (getrandom(&r, sizeof(r), 0) != sizeof(r))
-		r = (uint32_t)urdma_now_ns();
-	snprintf(tmp, sizeof(tmp), "tmp-%x-%x", (unsigned)getpid(), r);
+	snprintf(tmp, sizeof(tmp), "tmp-%x-%x", (unsigned)getpid(),
+		 urdma_random32());
 	snprintf(name, sizeof(name), "qp-%x", qpn);
 	fd = openat(urdma_proc.dirfd, tmp,
 		    O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -471,11 +480,8 @@ static int hctx_listen(struct urdma_host_ctx *hc, uint32_t *id)
 	char tmp[64], name[32];
 
 	for (int tries = 0; tries < 64; tries++) {
-		uint32_t r;
+		uint32_t r = urdma_random32() & 0x7fffffff;
 
-		if (getrandom(&r, sizeof(r), 0) != sizeof(r))
-			r = (uint32_t)urdma_now_ns() * 2654435761u;
-		r &= 0x7fffffff;
 		if (r < 2)
 			continue;
 		snprintf(tmp, sizeof(tmp), "tmp-%x-%x", (unsigned)getpid(), r);
@@ -537,9 +543,7 @@ int urdma_host_ctx_open(struct urdma_context *uctx)
 	}
 	if (hc->lfd < 0) {
 		/* Named nowhere: any id but 0 and 1 does. */
-		if (getrandom(&uctx->ctx_id, 4, 0) != 4)
-			uctx->ctx_id = (uint32_t)urdma_now_ns();
-		uctx->ctx_id = (uctx->ctx_id & 0x7fffffff) | 2;
+		uctx->ctx_id = (urdma_random32() & 0x7fffffff) | 2;
 	}
 	hc->ctx_id = uctx->ctx_id;
 	*uctx->shm = (struct urdma_shm_ctx){ .version = URDMA_SHM_VERSION,
@@ -604,27 +608,40 @@ void urdma_host_ctx_close(struct urdma_context *uctx)
 
 /* Does anyone listen on ctx-<id>?  -1: no, certainly (stale); 0: yes, or
  * it can't be told. */
-static int ctx_alive(uint32_t ctx_id)
+/* Connect to ctx-<id>, a socket of ours: the connected socket, or -errno
+ * (-ENOENT: no such name; -EPERM: not a socket of our user;
+ * -ECONNREFUSED: nobody listens). */
+static int ctx_connect(uint32_t ctx_id)
 {
 	struct sockaddr_un sa;
 	char name[32];
 	struct stat st;
-	int fd, ret;
+	int fd;
 
 	snprintf(name, sizeof(name), "ctx-%x", ctx_id);
 	if (fstatat(urdma_proc.dirfd, name, &st, AT_SYMLINK_NOFOLLOW))
-		return errno == ENOENT ? -1 : 0;
+		return -errno;
 	if (!S_ISSOCK(st.st_mode) || st.st_uid != geteuid())
-		return 0;
+		return -EPERM;
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
-		return 0;
-	ret = connect(fd, (struct sockaddr *)&sa, host_sun(&sa, name)) &&
-			      errno == ECONNREFUSED ?
-		      -1 :
-		      0;
-	close(fd);
-	return ret;
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&sa, host_sun(&sa, name))) {
+		int err = -errno;
+
+		close(fd);
+		return err;
+	}
+	return fd;
+}
+
+static int ctx_alive(uint32_t ctx_id)
+{
+	int fd = ctx_connect(ctx_id);
+
+	if (fd >= 0)
+		close(fd);
+	return fd == -ENOENT || fd == -ECONNREFUSED ? -1 : 0;
 }
 
 bool urdma_host_qp_stale(uint32_t qpn)
@@ -857,21 +874,9 @@ int urdma_peer_wait(struct urdma_peer *p, int timeout_ms)
 /* Connect to ctx-<id>: a socket of ours, listened on by our own user. */
 static int peer_connect(struct urdma_peer *p)
 {
-	struct sockaddr_un sa;
-	char name[32];
-	struct stat st;
-
-	snprintf(name, sizeof(name), "ctx-%x", p->ctx_id);
-	if (fstatat(urdma_proc.dirfd, name, &st, AT_SYMLINK_NOFOLLOW))
-		return -errno;
-	if (!S_ISSOCK(st.st_mode) || st.st_uid != geteuid())
-		return -EPERM;
-	p->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC,
-			 0);
+	p->sock = ctx_connect(p->ctx_id);
 	if (p->sock < 0)
-		return -errno;
-	if (connect(p->sock, (struct sockaddr *)&sa, host_sun(&sa, name)))
-		return -errno;
+		return p->sock;
 	if (!peer_is_us(p->sock, &p->pid))
 		return -EPERM;
 	/* The listener's process, still there: its end of the connection
@@ -999,15 +1004,15 @@ bool urdma_peer_dead(struct urdma_peer *p)
 	return atomic_load_explicit(&p->dead, memory_order_relaxed);
 }
 
+pid_t urdma_peer_pid(struct urdma_peer *p)
+{
+	return p->pid;
+}
+
 bool urdma_peer_ready(struct urdma_peer *p)
 {
 	return atomic_load_explicit(&p->state, memory_order_acquire) ==
 	       PEER_READY;
-}
-
-pid_t urdma_peer_pid(struct urdma_peer *p)
-{
-	return p->pid;
 }
 
 int urdma_peer_wake(struct urdma_peer *p)

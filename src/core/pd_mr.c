@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include "core/urdma.h"
@@ -73,12 +72,10 @@ uint32_t urdma_mr_key(uint32_t idx, uint32_t rnd)
 
 static uint32_t new_key(uint32_t idx)
 {
-	uint32_t rnd, key;
+	uint32_t key;
 
-	do {
-		if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
-			rnd = (uint32_t)urdma_now_ns() * 2654435761u;
-	} while (!(key = urdma_mr_key(idx, rnd)));
+	while (!(key = urdma_mr_key(idx, urdma_random32())))
+		;
 	return key;
 }
 

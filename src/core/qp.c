@@ -18,7 +18,6 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include "core/urdma.h"
@@ -117,9 +116,7 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 		 * namespace on this host uses it. */
 	}
 	for (int tries = 0; ret && tries < 64; tries++) {
-		if (getrandom(&qpn, sizeof(qpn), 0) != sizeof(qpn))
-			qpn = (uint32_t)urdma_now_ns() * 2654435761u;
-		qpn &= 0xffffff;
+		qpn = urdma_random32() & 0xffffff;
 		if (qpn < 2)
 			continue;
 		ret = -urdma_host_qp_publish(qpn, uctx->ctx_id,

@@ -441,7 +441,8 @@ int urdma_stop_world(int (*fn)(void *), void *arg)
 	ret = stop_all(dirfd, sig, self, &nsig, &late);
 	if (!ret) {
 		ret = fn(arg);
-		ran = held_ran();
+		if (!ret) /* fn did its work: did a sleeper wake meanwhile? */
+			ran = held_ran();
 	}
 	atomic_fetch_add(&stop_gen, 1); /* even: go */
 	futex(&stop_gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);

@@ -249,6 +249,8 @@ static inline uint32_t roundup_pow2(uint32_t v)
 }
 
 uint64_t urdma_now_ns(void);
+/* 32 random bits (getrandom, else the clock, scrambled). */
+uint32_t urdma_random32(void);
 
 /* backing.c: the identity memfd, backed pages, window tables */
 #define URDMA_WIN_SHIFT 30 /* 1 GiB windows */
