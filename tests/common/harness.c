@@ -734,6 +734,27 @@ int t_post_send(struct ibv_qp *qp, uint64_t wr_id, enum ibv_wr_opcode op,
 	return ibv_post_send(qp, &wr, &bad);
 }
 
+int t_post_atomic(struct ibv_qp *qp, uint64_t wr_id, enum ibv_wr_opcode op,
+		  uint64_t *res, uint32_t lkey, uint64_t raddr, uint32_t rkey,
+		  uint64_t compare_add, uint64_t swap)
+{
+	struct ibv_sge sge = {.addr = (uintptr_t)res, .length = 8, .lkey = lkey};
+	struct ibv_send_wr wr = {
+		.wr_id = wr_id,
+		.sg_list = &sge,
+		.num_sge = 1,
+		.opcode = op,
+		.send_flags = IBV_SEND_SIGNALED,
+	};
+	struct ibv_send_wr *bad = NULL;
+
+	wr.wr.atomic.remote_addr = raddr;
+	wr.wr.atomic.rkey = rkey;
+	wr.wr.atomic.compare_add = compare_add;
+	wr.wr.atomic.swap = swap;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
 int t_post_recv(struct ibv_qp *qp, uint64_t wr_id, void *addr, uint32_t len, uint32_t lkey)
 {
 	struct ibv_sge sge = {.addr = (uintptr_t)addr, .length = len, .lkey = lkey};

@@ -217,6 +217,11 @@ int t_post_send(struct ibv_qp *qp, uint64_t wr_id, enum ibv_wr_opcode op,
 		uint64_t raddr, uint32_t rkey);
 int t_post_recv(struct ibv_qp *qp, uint64_t wr_id, void *addr, uint32_t len,
 		uint32_t lkey);
+/* A signaled atomic (IBV_WR_ATOMIC_CMP_AND_SWP or _FETCH_AND_ADD) on the
+ * 8 bytes at raddr, the old value into *res. */
+int t_post_atomic(struct ibv_qp *qp, uint64_t wr_id, enum ibv_wr_opcode op,
+		  uint64_t *res, uint32_t lkey, uint64_t raddr, uint32_t rkey,
+		  uint64_t compare_add, uint64_t swap);
 
 /* Polls until n completions or timeout_ms elapsed; returns how many it got.
  * A negative ibv_poll_cq return is recorded as a failure. */

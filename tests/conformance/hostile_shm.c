@@ -737,21 +737,6 @@ static void planted_files(void *arg)
  * is taken over and the atomic succeeds; held by a live one for good, the
  * atomic fails (REM_OP_ERR) within a few seconds instead of hanging.
  */
-static void post_faa(struct ibv_qp *qp, uint64_t id, uint64_t *res,
-		     uint32_t lkey, const struct t_conn *to, uint64_t add)
-{
-	struct ibv_sge sge = { .addr = (uintptr_t)res, .length = 8,
-			       .lkey = lkey };
-	struct ibv_send_wr wr = { .wr_id = id, .sg_list = &sge, .num_sge = 1,
-				  .opcode = IBV_WR_ATOMIC_FETCH_AND_ADD,
-				  .send_flags = IBV_SEND_SIGNALED }, *bad;
-
-	wr.wr.atomic.remote_addr = to->addr;
-	wr.wr.atomic.rkey = to->rkey;
-	wr.wr.atomic.compare_add = add;
-	REQUIRE(ibv_post_send(qp, &wr, &bad) == 0, "post");
-}
-
 static void lock_owner(struct t_peer *p, void *arg)
 {
 	struct t_res r;
@@ -807,7 +792,9 @@ static void lock_taker(struct t_peer *p, void *arg)
 		_exit(0);
 	REQUIRE(dead > 0 && waitpid(dead, NULL, 0) == dead, "a dead pid");
 	atomic_store(lock, (uint64_t)dead);
-	post_faa(r.qp, 0, res, mr->lkey, &remote, 5);
+	REQUIRE(t_post_atomic(r.qp, 0, IBV_WR_ATOMIC_FETCH_AND_ADD, res,
+			      mr->lkey, remote.addr, remote.rkey, 5, 0) == 0,
+		"post");
 	CHECK(t_expect_wc(r.send_cq, &wc, 0, IBV_WC_SUCCESS, IBV_WC_FETCH_ADD,
 			  "fetch-and-add past a dead holder"),
 	      "taken over");
@@ -817,7 +804,9 @@ static void lock_taker(struct t_peer *p, void *arg)
 	/* Held for good by a live process (the owner itself). */
 	atomic_store(lock, (uint64_t)p->child_pid);
 	t0 = t_now_ms();
-	post_faa(r.qp, 1, res, mr->lkey, &remote, 100);
+	REQUIRE(t_post_atomic(r.qp, 1, IBV_WR_ATOMIC_FETCH_AND_ADD, res,
+			      mr->lkey, remote.addr, remote.rkey, 100, 0) == 0,
+		"post");
 	CHECK(t_expect_wc(r.send_cq, &wc, 1, IBV_WC_REM_OP_ERR, -1,
 			  "fetch-and-add behind a live holder"),
 	      "fails");

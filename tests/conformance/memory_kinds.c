@@ -10,7 +10,9 @@
  * none and can't lend some), and the private heap as the control.
  *
  * Each case: the parent (initiator) and the child (target) both take their
- * buffers from the kind.  The parent WRITEs into the child's region, READs
+ * buffers from the kind; a shared kind is also mapped a second time, and
+ * the target checks that what RDMA wrote is in the object (seen through
+ * that second mapping), not only in its own mapping.  The parent WRITEs into the child's region, READs
  * a pattern the child wrote, SENDs into a receive the child posted there,
  * runs fetch-and-adds and compare-and-swaps on a word of it, and the child
  * checks every byte and the counter.  Also: memory that can't be written
@@ -51,19 +53,24 @@ static const char *const kind_name[] = { "heap", "shared_anon", "tmpfs_file",
 					 "huge_sysv" };
 
 /* The memory of kind k, LEN bytes, zeroed; NULL (and why) if this system
- * has none of it. */
-static void *kind_alloc(enum kind k, const char **why)
+ * has none of it.  *view: a second mapping of the same object (NULL for
+ * private kinds). */
+static void *kind_alloc(enum kind k, const char **why, void **view)
 {
 	char path[64];
 	void *p = MAP_FAILED;
 	int fd, id;
 
+	*view = NULL;
 	switch (k) {
 	case K_HEAP:
 		return t_alloc(LEN);
 	case K_SHARED_ANON:
 		p = mmap(NULL, LEN, PROT_READ | PROT_WRITE,
 			 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+		/* old_size 0: the same shared pages once more */
+		if (p != MAP_FAILED)
+			*view = mremap(p, 0, LEN, MREMAP_MAYMOVE);
 		break;
 	case K_TMPFS_FILE:
 	case K_DISK_FILE:
@@ -74,6 +81,7 @@ static void *kind_alloc(enum kind k, const char **why)
 		unlink(path);
 		REQUIRE(ftruncate(fd, LEN) == 0, "ftruncate");
 		p = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		*view = mmap(NULL, LEN, PROT_READ, MAP_SHARED, fd, 0);
 		close(fd);
 		break;
 	case K_SYSV:
@@ -85,6 +93,7 @@ static void *kind_alloc(enum kind k, const char **why)
 			return NULL;
 		}
 		p = shmat(id, NULL, 0);
+		*view = shmat(id, NULL, SHM_RDONLY);
 		shmctl(id, IPC_RMID, NULL); /* gone with the last detach */
 		if (p == (void *)-1)
 			p = MAP_FAILED;
@@ -100,23 +109,35 @@ static void *kind_alloc(enum kind k, const char **why)
 		*why = strerror(errno);
 		return NULL;
 	}
+	REQUIRE(k == K_HUGE_ANON || (*view && *view != MAP_FAILED &&
+				     *view != (void *)-1),
+		"a second mapping of the %s memory: %s", kind_name[k],
+		strerror(errno));
 	return p;
 }
 
-static void kind_free(enum kind k, void *p)
+static void kind_unmap(enum kind k, void *p)
 {
-	if (k == K_HEAP)
-		free(p);
-	else if (k == K_SYSV || k == K_HUGE_SYSV)
+	if (k == K_SYSV || k == K_HUGE_SYSV)
 		shmdt(p);
 	else
 		munmap(p, LEN);
 }
 
-static void *kind_get(enum kind k)
+static void kind_free(enum kind k, void *p, void *view)
+{
+	if (k == K_HEAP)
+		free(p);
+	else
+		kind_unmap(k, p);
+	if (view)
+		kind_unmap(k, view);
+}
+
+static void *kind_get(enum kind k, void **view)
 {
 	const char *why = "";
-	void *p = kind_alloc(k, &why);
+	void *p = kind_alloc(k, &why, view);
 
 	if (!p)
 		t_skip("no %s memory here: %s", kind_name[k], why);
@@ -139,7 +160,7 @@ static unsigned int all_access(void)
 static void target_side(struct t_peer *peer, void *arg)
 {
 	struct param *pa = arg;
-	unsigned char *m;
+	unsigned char *m, *view;
 	struct t_res r;
 	struct ibv_mr *mr;
 	struct ibv_wc wc;
@@ -148,7 +169,7 @@ static void target_side(struct t_peer *peer, void *arg)
 	uint64_t ctr;
 
 	setenv("URDMA_TRANSPORT", pa->transport, 1);
-	m = kind_get(pa->kind);
+	m = kind_get(pa->kind, (void **)&view);
 	t_pattern_fill(m + HALF, HALF, 7);
 	if (pa->kind == K_SHARED_ANON) {
 		/* Memory shared with a forked child: it sees what RDMA
@@ -181,6 +202,11 @@ static void target_side(struct t_peer *peer, void *arg)
 	CHECK(ctr == 1000 + NATOMIC * 3, "counter %llu, expected %u",
 	      (unsigned long long)ctr, 1000 + NATOMIC * 3);
 	CHECK(t_pattern_check(m + HALF, HALF, 7) == -1, "READ left the source alone");
+	if (view)
+		CHECK(t_pattern_check(view, SEND_AT, 3) == -1 &&
+			      t_pattern_check(view + SEND_AT, SEND_LEN, 5) == -1,
+		      "the WRITE's and the SEND's bytes are in the %s object, "
+		      "as its second mapping shows", kind_name[pa->kind]);
 	if (sharer > 0) {
 		m[HALF - 1] = 0x5a;
 		CHECK(waitpid(sharer, &status, 0) == sharer && WIFEXITED(status) &&
@@ -189,7 +215,7 @@ static void target_side(struct t_peer *peer, void *arg)
 	}
 	t_barrier(peer);
 	t_res_close(&r);
-	kind_free(pa->kind, m);
+	kind_free(pa->kind, m, view);
 }
 
 static void initiator_side(struct t_peer *peer, void *arg)
@@ -198,12 +224,13 @@ static void initiator_side(struct t_peer *peer, void *arg)
 	struct t_conn remote;
 	struct ibv_wc wc;
 	unsigned char *m;
+	void *view;
 	struct ibv_mr *mr;
 	struct t_res r;
 	uint64_t t0 = t_now_us();
 
 	setenv("URDMA_TRANSPORT", pa->transport, 1);
-	m = kind_get(pa->kind);
+	m = kind_get(pa->kind, &view);
 	t_res_open(&r, NULL);
 	mr = t_reg(&r, m, LEN, all_access());
 	t_connect_pair(peer, &r, mr, &remote);
@@ -237,26 +264,19 @@ static void initiator_side(struct t_peer *peer, void *arg)
 	/* The counter: a CAS from 0 to 1000, then fetch-and-adds of 3, each
 	 * result landing in this side's memory of the kind. */
 	uint64_t *res = (uint64_t *)(m + CTR_AT);
-	struct ibv_sge sge = { .addr = (uintptr_t)res, .length = 8,
-			       .lkey = mr->lkey };
-	struct ibv_send_wr wr = { .wr_id = 4, .sg_list = &sge, .num_sge = 1,
-				  .opcode = IBV_WR_ATOMIC_CMP_AND_SWP,
-				  .send_flags = IBV_SEND_SIGNALED }, *bad;
 
-	wr.wr.atomic.remote_addr = remote.addr + CTR_AT;
-	wr.wr.atomic.rkey = remote.rkey;
-	wr.wr.atomic.compare_add = 0;
-	wr.wr.atomic.swap = 1000;
 	*res = 77;
-	REQUIRE(ibv_post_send(r.qp, &wr, &bad) == 0, "post CAS");
+	REQUIRE(t_post_atomic(r.qp, 4, IBV_WR_ATOMIC_CMP_AND_SWP, res, mr->lkey,
+			      remote.addr + CTR_AT, remote.rkey, 0, 1000) == 0,
+		"post CAS");
 	CHECK(t_expect_wc(r.send_cq, &wc, 4, IBV_WC_SUCCESS, IBV_WC_COMP_SWAP, "CAS"),
 	      "cas");
 	CHECK(*res == 0, "CAS returned %llu", (unsigned long long)*res);
-	wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
-	wr.wr.atomic.compare_add = 3;
 	for (int i = 0; i < NATOMIC; i++) {
-		wr.wr_id = 100 + i;
-		REQUIRE(ibv_post_send(r.qp, &wr, &bad) == 0, "post FAA");
+		REQUIRE(t_post_atomic(r.qp, 100 + i, IBV_WR_ATOMIC_FETCH_AND_ADD,
+				      res, mr->lkey, remote.addr + CTR_AT,
+				      remote.rkey, 3, 0) == 0,
+			"post FAA");
 		if (!t_expect_wc(r.send_cq, &wc, 100 + i, IBV_WC_SUCCESS,
 				 IBV_WC_FETCH_ADD, "FAA"))
 			break;
@@ -269,7 +289,7 @@ static void initiator_side(struct t_peer *peer, void *arg)
 	t_barrier(peer);
 	t_barrier(peer);
 	t_res_close(&r);
-	kind_free(pa->kind, m);
+	kind_free(pa->kind, m, view);
 }
 
 /* Memory that can't be written can't be registered for writing, as with
