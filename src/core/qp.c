@@ -46,6 +46,43 @@ static inline struct urdma_swqe *sq_slot(struct urdma_qp *qp, uint32_t idx)
 
 static _Atomic uint32_t next_handle = 1;
 
+/*
+ * A QP number, published in the host directory with the QP's shared block.
+ * A transport that makes numbers (TCP: one that names its listener, so
+ * peers on other hosts and of other users can reach the QP) is asked
+ * first; a random number otherwise.  A number a transport made but the
+ * host directory refuses (another network namespace on this host uses it)
+ * stays taken and another is tried.
+ */
+static int qp_number(struct urdma_qp *qp, uint32_t *qpn)
+{
+	uint32_t ctx_id = qp->uctx->ctx_id;
+	int ret = EAGAIN;
+
+	for (int t = 0; urdma_transports[t] && ret; t++) {
+		const struct urdma_transport_ops *tr = urdma_transports[t];
+
+		for (int tries = 0; tr->qpn_reserve && ret && tries < 64;
+		     tries++) {
+			if (tr->qpn_reserve(qpn))
+				break;
+			ret = -urdma_host_qp_publish(*qpn, ctx_id,
+						     (uintptr_t)qp->shm,
+						     qp->shm_size);
+			if (!ret)
+				qp->qpn_tr = tr;
+		}
+	}
+	for (int tries = 0; ret && tries < 64; tries++) {
+		*qpn = urdma_random32() & 0xffffff;
+		if (*qpn < 2)
+			continue;
+		ret = -urdma_host_qp_publish(*qpn, ctx_id, (uintptr_t)qp->shm,
+					     qp->shm_size);
+	}
+	return ret;
+}
+
 struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 			       struct ibv_qp_init_attr *init)
 {
@@ -103,25 +140,7 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	ret = -urdma_rq_init(qp, cap.max_recv_wr, cap.max_recv_sge);
 	if (ret)
 		goto err_free_sq;
-	/* A QPN that names our TCP listener, so peers on other hosts (and of
-	 * other users) can reach the QP; a random one if there is none. */
-	ret = EAGAIN;
-	for (int tries = 0; ret && tries < 64; tries++) {
-		if (urdma_tcp_reserve_qpn(&qpn))
-			break;
-		ret = -urdma_host_qp_publish(qpn, uctx->ctx_id,
-					     (uintptr_t)qp->shm, qp->shm_size);
-		qp->tcp_qpn = !ret;
-		/* On failure the number stays taken: another network
-		 * namespace on this host uses it. */
-	}
-	for (int tries = 0; ret && tries < 64; tries++) {
-		qpn = urdma_random32() & 0xffffff;
-		if (qpn < 2)
-			continue;
-		ret = -urdma_host_qp_publish(qpn, uctx->ctx_id,
-					     (uintptr_t)qp->shm, qp->shm_size);
-	}
+	ret = qp_number(qp, &qpn);
 	if (ret)
 		goto err_free_rq;
 	*qp->shm = (struct urdma_shm_qp){
@@ -167,8 +186,8 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	atomic_fetch_add(&rcq->usecnt, 1);
 	atomic_fetch_add(&to_upd(ibpd)->usecnt, 1);
 	init->cap = cap;
-	if (qp->tcp_qpn)
-		urdma_tcp_register_qp(qp);
+	if (qp->qpn_tr)
+		qp->qpn_tr->qpn_bind(qp);
 	urdma_dbg("qp %#x created (sq %u, rq %u)", qpn, qp->sq_size,
 		  qp->rq.size);
 	return &qp->ibqp;
@@ -260,8 +279,8 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	pthread_mutex_lock(&qp->sq_lock);
 	qp_disconnect(qp);
 	pthread_mutex_unlock(&qp->sq_lock);
-	if (qp->tcp_qpn)
-		urdma_tcp_release_qpn(ibqp->qp_num);
+	if (qp->qpn_tr)
+		qp->qpn_tr->qpn_release(ibqp->qp_num);
 	atomic_fetch_sub(&scq->usecnt, 1);
 	atomic_fetch_sub(&rcq->usecnt, 1);
 	atomic_fetch_sub(&to_upd(ibqp->pd)->usecnt, 1);

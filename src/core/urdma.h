@@ -199,7 +199,8 @@ struct urdma_qp {
 	/* connection */
 	const struct urdma_transport_ops *tr;
 	void *tr_priv;	     /* the transport's connection state */
-	bool tcp_qpn;	     /* the QPN names a TCP listener */
+	/* the transport that made the QPN (qpn_reserve), or NULL */
+	const struct urdma_transport_ops *qpn_tr;
 	_Atomic int pollers; /* ibv_poll_cq threads driving tr->poll */
 	/* shared memory: the peer QP's block and ring (checked, copied) */
 	struct urdma_peer *peer;

@@ -36,6 +36,12 @@ bool urdma_gid_is_local(const struct urdma_context *uctx, const void *gid)
 	return false;
 }
 
+const struct urdma_transport_ops *const urdma_transports[] = {
+	&urdma_tcp_transport,
+	&urdma_shm_transport,
+	NULL,
+};
+
 const struct urdma_transport_ops *urdma_pick_transport(struct urdma_qp *qp,
 						       const struct ibv_qp_attr *a)
 {
@@ -59,10 +65,10 @@ const struct urdma_transport_ops *urdma_pick_transport(struct urdma_qp *qp,
 			   a->ah_attr.is_global ? "its address" : "loopback");
 		tr = &urdma_tcp_transport;
 	}
-	if (tr == &urdma_tcp_transport && !qp->tcp_qpn) {
-		urdma_warn("qp %#x: needs TCP, and its number names no TCP "
-			   "listener of ours (see earlier messages)",
-			   qp->ibqp.qp_num);
+	if (tr->qpn_reserve && qp->qpn_tr != tr) {
+		urdma_warn("qp %#x: needs %s, and its number was not made by "
+			   "it (see earlier messages)", qp->ibqp.qp_num,
+			   tr->name);
 		return NULL;
 	}
 	urdma_dbg("qp %#x: transport %s", qp->ibqp.qp_num, tr->name);

@@ -39,18 +39,24 @@ struct urdma_transport_ops {
 	 * held back for its next message on this QP.  Under qp->sq_lock, in
 	 * the application's thread. */
 	void (*release)(struct urdma_qp *qp);
+	/* Optional: for a transport whose peers find a QP by its number
+	 * (TCP: the number names a listening port).  Make a number when a QP
+	 * is created (0 and *qpn, or -errno: the core asks the next
+	 * transport, or picks one itself); qpn_bind hands over the QP once it
+	 * is whole, qpn_release says it is gone.  A QP can only connect
+	 * through such a transport with a number it made. */
+	int (*qpn_reserve)(uint32_t *qpn);
+	void (*qpn_bind)(struct urdma_qp *qp);
+	void (*qpn_release)(uint32_t qpn);
 };
 
 extern const struct urdma_transport_ops urdma_shm_transport;
 extern const struct urdma_transport_ops urdma_tcp_transport;
+/* Every transport, NULL-terminated: what the core may ask for QPNs. */
+extern const struct urdma_transport_ops *const urdma_transports[];
 
 const struct urdma_transport_ops *urdma_pick_transport(struct urdma_qp *qp,
 						       const struct ibv_qp_attr *a);
-
-/* The TCP transport's QP numbers: (listening port << 8 | index). */
-int urdma_tcp_reserve_qpn(uint32_t *qpn);
-void urdma_tcp_register_qp(struct urdma_qp *qp);
-void urdma_tcp_release_qpn(uint32_t qpn);
 
 /* A contiguous piece of memory: in this process (peer NULL), in a peer's
  * registered memory, or a direct pointer (inline data).  direct: va is in

@@ -230,6 +230,10 @@ extern struct tcp_globals T;
 /* tcp_conn.c */
 bool tcp_want_crc(void);
 struct tcp_listener *tcp_listener_of(uint32_t qpn);
+/* QP numbers: (listening port << 8 | index), the ops' qpn_* hooks. */
+int tcp_qpn_reserve(uint32_t *qpn);
+void tcp_qpn_bind(struct urdma_qp *qp);
+void tcp_qpn_release(uint32_t qpn);
 void tcp_set_sock_opts(int fd);
 struct tcp_conn *conn_new(int fd);
 void conn_release(struct urdma_watcher *w);

@@ -212,7 +212,7 @@ err:
 	return NULL;
 }
 
-int urdma_tcp_reserve_qpn(uint32_t *qpn)
+int tcp_qpn_reserve(uint32_t *qpn)
 {
 	int ret = -ENOSPC;
 
@@ -241,7 +241,7 @@ int urdma_tcp_reserve_qpn(uint32_t *qpn)
 	return ret;
 }
 
-void urdma_tcp_register_qp(struct urdma_qp *qp)
+void tcp_qpn_bind(struct urdma_qp *qp)
 {
 	struct tcp_listener *l;
 
@@ -253,7 +253,7 @@ void urdma_tcp_register_qp(struct urdma_qp *qp)
 }
 
 /* The QP is gone: its number is free; the last one closes the listener. */
-void urdma_tcp_release_qpn(uint32_t qpn)
+void tcp_qpn_release(uint32_t qpn)
 {
 	struct tcp_listener *l;
 

@@ -515,4 +515,7 @@ const struct urdma_transport_ops urdma_tcp_transport = {
 	.recv_posted = tcp_recv_posted,
 	.armed = tcp_armed,
 	.release = tcp_release,
+	.qpn_reserve = tcp_qpn_reserve,
+	.qpn_bind = tcp_qpn_bind,
+	.qpn_release = tcp_qpn_release,
 };
