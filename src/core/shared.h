@@ -26,7 +26,7 @@
  * One-sided operations are then plain loads, stores and CPU atomics by the
  * initiator.  QP shared blocks live in the same memfd (core/arena.c).
  * Direct MRs (URDMA_MR_F_DIRECT) are not in the memfd: a peer reaches them
- * in the owner's address space (process_vm_readv/writev, core/host.c).
+ * in the owner's address space (process_vm_readv/writev, core/peer.c).
  */
 #ifndef URDMA_SHARED_H
 #define URDMA_SHARED_H

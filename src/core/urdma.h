@@ -269,7 +269,7 @@ void urdma_wintab_release(struct urdma_wintab *t);
 void *urdma_wintab_ptr(struct urdma_wintab *t, pthread_mutex_t *lock,
 		       int memfd, uint64_t va, uint64_t *avail);
 
-/* host.c: the host directory, contexts' sockets, QP records, peers */
+/* host.c: the host directory, contexts' sockets, QP records */
 struct urdma_proc {
 	pthread_mutex_t lock; /* a leaf */
 	int memfd;
@@ -296,6 +296,14 @@ void urdma_host_qp_unpublish(uint32_t qpn);
 int urdma_host_qp_find(uint32_t qpn, struct urdma_qp_rec *rec);
 /* qp-<qpn> is malformed or names a context nobody listens for. */
 bool urdma_host_qp_stale(uint32_t qpn);
+/* Connect to our user's context socket ctx-<id>: the socket, or -errno
+ * (-ENOENT: no such name; -EPERM: not a socket of our user;
+ * -ECONNREFUSED: nobody listens). */
+int urdma_host_ctx_connect(uint32_t ctx_id);
+/* The process at the other end of Unix socket fd is of our user: *pid. */
+bool urdma_host_peer_is_us(int fd, pid_t *pid);
+/* The MR table of our own context ctx_id, or -1 (under urdma_proc.lock). */
+int urdma_host_own_mrs(uint32_t ctx_id);
 /* backing.c */
 /* Back [start, start+len) (page aligned; writable mappings if write):
  * 0, 1 if it stays in place (a direct MR), or -errno: -EFAULT (a hole,
@@ -319,6 +327,10 @@ void urdma_arena_atfork_child(void);
  * (made on first use), or 0 if it can't be made. */
 uint64_t urdma_arena_lock(void);
 
+/* peer.c: the contexts we share memory with.  For host.c: a fork's child
+ * drops the parent's; our own context ctx_id closed (urdma_proc.lock). */
+void urdma_peer_atfork_child(void);
+void urdma_peer_own_closed(uint32_t ctx_id);
 /* A peer context on this host: a reference, connecting or ready. */
 struct urdma_peer *urdma_peer_get(uint32_t ctx_id);
 void urdma_peer_put(struct urdma_peer *p);
