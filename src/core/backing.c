@@ -118,7 +118,7 @@ static int memfd_create_locked(void)
 	fd = memfd_create("urdma", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return -errno;
-	/* Peers map it (core/host.c): sealed, nobody can shrink it under
+	/* Peers map it (core/peer.c): sealed, nobody can shrink it under
 	 * their mappings (a SIGBUS), nor seal it against our own use. */
 	if (ftruncate(fd, 1ULL << URDMA_VA_BITS) < 0 ||
 	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) ||

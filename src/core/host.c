@@ -71,7 +71,6 @@ struct guest {
 };
 
 #define MAX_GUESTS 4096 /* connections a context accepts at a time */
-#define HELLO_WAIT_MS 1000
 
 struct urdma_proc urdma_proc = {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
@@ -562,11 +561,6 @@ void urdma_host_ctx_close(struct urdma_context *uctx)
 
 /* ---- sweeping ---- */
 
-/* Does anyone listen on ctx-<id>?  -1: no, certainly (stale); 0: yes, or
- * it can't be told. */
-/* Connect to ctx-<id>, a socket of ours: the connected socket, or -errno
- * (-ENOENT: no such name; -EPERM: not a socket of our user;
- * -ECONNREFUSED: nobody listens). */
 int urdma_host_ctx_connect(uint32_t ctx_id)
 {
 	struct sockaddr_un sa;
@@ -591,6 +585,8 @@ int urdma_host_ctx_connect(uint32_t ctx_id)
 	return fd;
 }
 
+/* Does anyone listen on ctx-<id>?  -1: no, certainly (stale); 0: yes, or
+ * it can't be told. */
 static int ctx_alive(uint32_t ctx_id)
 {
 	int fd = urdma_host_ctx_connect(ctx_id);

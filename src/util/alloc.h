@@ -4,7 +4,7 @@
  * allocation shares.
  *
  * ibv_reg_mr backs the pages of a registered range with the identity memfd:
- * it copies each page into the memfd and maps the memfd over it (core/host.c).
+ * it copies each page into the memfd and maps the memfd over it (core/backing.c).
  * A write that another thread makes to such a page between the copy and the
  * mapping is lost.  Application data on those pages is the application's
  * affair (ARCHITECTURE.md, "Memory"), but the library's objects (QPs, CQs

@@ -216,7 +216,7 @@ static int shares_page(const void *p, void **blocks, int n)
 
 /* util/alloc.c: zeroed, aligned, and never on a page that malloc hands
  * out, so that ibv_reg_mr of an application buffer never copies a page
- * the library's threads are writing (host.c, back_range_locked). */
+ * the library's threads are writing (core/backing.c, back_range_locked). */
 static void test_alloc(void)
 {
 	static const size_t sizes[] = { 1, 60, 64, 100, 400, 960, 961, 5000, 300000 };
