@@ -382,8 +382,11 @@ void urdma_cq_push(struct urdma_cq *cq, const struct ibv_wc *wc,
 void urdma_cq_notify(struct urdma_cq *cq);
 
 /* qp.c */
-void urdma_qp_progress(struct urdma_qp *qp);
 int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask);
+/* sq.c: the send queue engine.  enter_error and sq_run under sq_lock. */
+void urdma_qp_enter_error(struct urdma_qp *qp);
+void urdma_sq_run(struct urdma_qp *qp);
+void urdma_qp_progress(struct urdma_qp *qp);
 void urdma_qp_release(struct urdma_qp *qp);
 void urdma_qp_wr_mark(struct urdma_qp *qp, uint32_t idx,
 		      enum ibv_wc_status status);

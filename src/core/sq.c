@@ -1,0 +1,524 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The send queue engine of RC queue pairs (the state machine is in qp.c,
+ * the owner's side of the receive queue in rq.c): errors and flushing,
+ * running WRs, retries, posting.
+ *
+ * Send path: ibv_post_send validates and copies each WR into the private SQ
+ * ring, then runs the engine in the caller's thread: the transport executes
+ * the WR against the peer at once (shm: plain memory operations), and the
+ * completion goes to the send CQ.  A WR the responder can't take yet (no
+ * receive posted: RNR; peer not in RTR) stays at the head of the SQ and is
+ * retried from ibv_poll_cq, ibv_post_send and the progress thread, until the
+ * retry limits of the QP say otherwise.
+ *
+ * Receive path: ibv_post_recv writes the WR into the shared receive ring;
+ * the peer's engine completes it in place; ibv_poll_cq harvests it.
+ */
+
+#include <errno.h>
+#include <string.h>
+
+#include "core/urdma.h"
+#include "transport/transport.h"
+#include "util/alloc.h"
+#include "util/log.h"
+
+static inline struct urdma_swqe *sq_slot(struct urdma_qp *qp, uint32_t idx)
+{
+	return (struct urdma_swqe *)(qp->sq + (size_t)(idx & (qp->sq_size - 1)) *
+						      qp->sq_stride);
+}
+
+/* ---- errors and flushing ---- */
+
+/* Move to ERR.  Called with sq_lock held; the engine flushes the SQ. */
+void urdma_qp_enter_error(struct urdma_qp *qp)
+{
+	bool was_error = qp->ibqp.state == IBV_QPS_ERR;
+
+	qp->ibqp.state = IBV_QPS_ERR;
+	qp->attr.qp_state = IBV_QPS_ERR;
+	atomic_store(&qp->shm->state, URDMA_SQPS_ERR);
+	if (!was_error) {
+		qp->rq_err_ns = urdma_now_ns();
+		urdma_dbg("qp %#x -> ERR", qp->ibqp.qp_num);
+	}
+	/* urdma_sq_run() flushes the receive queue after the send queue, once no
+	 * deliverer is inside it (urdma_rq_flush). */
+}
+
+static void sq_complete(struct urdma_qp *qp, struct urdma_swqe *wqe,
+			enum ibv_wc_status status)
+{
+	static const uint8_t wc_opcode[] = {
+		[IBV_WR_RDMA_WRITE] = IBV_WC_RDMA_WRITE,
+		[IBV_WR_RDMA_WRITE_WITH_IMM] = IBV_WC_RDMA_WRITE,
+		[IBV_WR_SEND] = IBV_WC_SEND,
+		[IBV_WR_SEND_WITH_IMM] = IBV_WC_SEND,
+		[IBV_WR_RDMA_READ] = IBV_WC_RDMA_READ,
+		[IBV_WR_ATOMIC_CMP_AND_SWP] = IBV_WC_COMP_SWAP,
+		[IBV_WR_ATOMIC_FETCH_AND_ADD] = IBV_WC_FETCH_ADD,
+	};
+	bool signaled = qp->sq_sig_all || (wqe->send_flags & IBV_SEND_SIGNALED);
+	struct ibv_wc wc;
+
+	if (status == IBV_WC_SUCCESS && !signaled) {
+		qp->unsignaled++;
+		return;
+	}
+	memset(&wc, 0, sizeof(wc));
+	wc.wr_id = wqe->wr_id;
+	wc.status = status;
+	wc.opcode = wc_opcode[wqe->opcode];
+	wc.byte_len = wqe->byte_len;
+	wc.qp_num = qp->ibqp.qp_num;
+	urdma_cq_push(to_ucq(qp->ibqp.send_cq), &wc, qp, qp->unsignaled + 1);
+	qp->unsignaled = 0;
+}
+
+/* What the QP's transport retries may take before RETRY_EXC_ERR: 4.096 us
+ * * 2^timeout per try, retry_cnt + 1 tries; 0 when timeout is 0 (for ever). */
+uint64_t urdma_qp_retry_ns(const struct urdma_qp *qp)
+{
+	if (!qp->attr.timeout)
+		return 0;
+	return (4096ull << qp->attr.timeout) * (qp->attr.retry_cnt + 1);
+}
+
+static uint64_t rnr_timer_ns(uint32_t code)
+{
+	/* IB spec encoding of the RNR NAK timer, in units of 10 us. */
+	static const uint32_t t10us[32] = {
+		65536, 1,    2,	   3,	 4,    6,    8,	   12,	 16,   24,   32,
+		48,    64,   96,   128,	 192,  256,  384,  512,	 768,  1024, 1536,
+		2048,  3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152,
+	};
+	return (uint64_t)t10us[code & 31] * 10000;
+}
+
+/* Decide what a WR the responder could not take becomes. */
+static bool sq_retry_exceeded(struct urdma_qp *qp, struct urdma_swqe *wqe,
+			      enum urdma_tx r, enum ibv_wc_status *status)
+{
+	uint64_t now = urdma_now_ns(), waited, budget;
+
+	if (!wqe->first_try_ns)
+		wqe->first_try_ns = now;
+	waited = now - wqe->first_try_ns;
+	if (qp->peer && urdma_peer_dead(qp->peer)) {
+		*status = IBV_WC_RETRY_EXC_ERR;
+		return true;
+	}
+	if (r == URDMA_TX_RNR) {
+		uint32_t code = qp->peer_qp ? qp->peer_qp->min_rnr_timer : 12;
+
+		if (qp->attr.rnr_retry == 7)
+			return false; /* 7 means for ever */
+		if (waited / rnr_timer_ns(code) > qp->attr.rnr_retry) {
+			*status = IBV_WC_RNR_RETRY_EXC_ERR;
+			return true;
+		}
+		return false;
+	}
+	budget = urdma_qp_retry_ns(qp);
+	if (budget && waited > budget) {
+		*status = IBV_WC_RETRY_EXC_ERR;
+		return true;
+	}
+	return false;
+}
+
+static void sq_set_pending(struct urdma_qp *qp, bool pending)
+{
+	bool was = qp->sq_pending;
+
+	qp->sq_pending = pending;
+	if (pending && !was) {
+		/* Retried from poll_cq, and by the progress thread's timer. */
+		atomic_store(&to_ucq(qp->ibqp.send_cq)->sq_pending, 1);
+		urdma_progress_kick();
+	}
+}
+
+/* Is a READ or atomic before sq_head not complete yet?  Under sq_lock. */
+static bool sq_reads_pending(struct urdma_qp *qp)
+{
+	for (uint32_t i = qp->sq_comp; i != qp->sq_head; i++) {
+		struct urdma_swqe *w = sq_slot(qp, i);
+
+		if ((w->opcode == IBV_WR_RDMA_READ ||
+		     w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		     w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) &&
+		    !atomic_load_explicit(&w->done, memory_order_acquire))
+			return true;
+	}
+	return false;
+}
+
+/* The QP whose engine this thread is running a WR of (urdma_sq_run). */
+static __thread struct urdma_qp *running_qp;
+
+/*
+ * The engine: run WRs from the head of the SQ.  Called with sq_lock.
+ *
+ * sq_head is the next WR to execute, sq_comp the oldest not yet completed.
+ * A transport finishes most WRs at once (URDMA_TX_DONE); one that waits for
+ * a response (a READ or an atomic over TCP) returns URDMA_TX_POSTED and
+ * later calls urdma_qp_wr_mark() and _kick().  Completions are reported
+ * in SQ order.
+ */
+void urdma_sq_run(struct urdma_qp *qp)
+{
+	atomic_store_explicit(&qp->sq_async, 0, memory_order_relaxed);
+	for (;;) {
+		struct urdma_swqe *wqe;
+		enum ibv_wc_status status = IBV_WC_SUCCESS;
+		enum urdma_tx r;
+
+		/* Retire, in order, what has finished. */
+		while (qp->sq_comp != qp->sq_head) {
+			uint32_t d;
+
+			wqe = sq_slot(qp, qp->sq_comp);
+			d = atomic_load_explicit(&wqe->done,
+						 memory_order_acquire);
+			if (!d) {
+				if (qp->ibqp.state != IBV_QPS_ERR)
+					break;
+				d = IBV_WC_WR_FLUSH_ERR + 1;
+			}
+			sq_complete(qp, wqe, d - 1);
+			qp->sq_comp++;
+			if (d - 1 != IBV_WC_SUCCESS) {
+				urdma_dbg("qp %#x: wr %#llx failed: %s",
+					  qp->ibqp.qp_num,
+					  (unsigned long long)wqe->wr_id,
+					  ibv_wc_status_str(d - 1));
+				/* A flush that a transport's error request
+				 * brought: the request puts the QP in ERR,
+				 * with its event (urdma_qp_set_error). */
+				if (qp->ibqp.state != IBV_QPS_ERR &&
+				    (d - 1 != IBV_WC_WR_FLUSH_ERR ||
+				     !atomic_load(&qp->shm->error_req)))
+					urdma_qp_enter_error(qp);
+			}
+		}
+		if (qp->sq_head == qp->sq_tail)
+			break;
+		wqe = sq_slot(qp, qp->sq_head);
+		if (qp->ibqp.state == IBV_QPS_ERR) {
+			atomic_store_explicit(&wqe->done,
+					      IBV_WC_WR_FLUSH_ERR + 1,
+					      memory_order_relaxed);
+			qp->sq_head++;
+			continue;
+		}
+		if (qp->ibqp.state != IBV_QPS_RTS)
+			break; /* SQD: hold the queue */
+		/* A fenced WR waits for the READs and atomics before it
+		 * (not for Sends and Writes, which over TCP stay unconfirmed
+		 * until a later response). */
+		if ((wqe->send_flags & IBV_SEND_FENCE) && sq_reads_pending(qp))
+			break;
+		running_qp = qp;
+		r = qp->tr ? qp->tr->execute(qp, wqe, &status) :
+			     URDMA_TX_NOT_READY;
+		running_qp = NULL;
+		if (r == URDMA_TX_POSTED) {
+			qp->sq_head++;
+			continue;
+		}
+		if (r == URDMA_TX_WAIT) {
+			sq_set_pending(qp, true);
+			return;
+		}
+		if (r != URDMA_TX_DONE &&
+		    !sq_retry_exceeded(qp, wqe, r, &status)) {
+			sq_set_pending(qp, true);
+			return;
+		}
+		atomic_store_explicit(&wqe->done, status + 1,
+				      memory_order_relaxed);
+		qp->sq_head++;
+	}
+	sq_set_pending(qp, false);
+	/* In ERR: send errors and flushes are in the CQ; now the receives.
+	 * Flushed receives are completions: wake an armed CQ. */
+	if (qp->ibqp.state == IBV_QPS_ERR && urdma_rq_flush(qp))
+		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
+}
+
+/* A transport finished a WR it had posted (URDMA_TX_POSTED): mark it, then
+ * kick.  Any thread; never waits for sq_lock. */
+void urdma_qp_wr_mark(struct urdma_qp *qp, uint32_t idx,
+		      enum ibv_wc_status status)
+{
+	atomic_store_explicit(&sq_slot(qp, idx)->done, status + 1,
+			      memory_order_release);
+}
+
+/* Report WRs marked done: run the engine now if nobody holds it. */
+void urdma_qp_wr_kick(struct urdma_qp *qp)
+{
+	atomic_store(&qp->sq_async, 1);
+	/* Marked from inside a WR's execution (the sending thread took the
+	 * answers): the engine retires it when that returns, or the QP is
+	 * pending and retried. */
+	if (running_qp == qp)
+		return;
+	if (pthread_mutex_trylock(&qp->sq_lock)) {
+		urdma_progress_kick(); /* the holder may have passed it */
+		return;
+	}
+	urdma_sq_run(qp);
+	pthread_mutex_unlock(&qp->sq_lock);
+}
+
+void urdma_qp_progress(struct urdma_qp *qp)
+{
+	if (pthread_mutex_trylock(&qp->sq_lock))
+		return; /* whoever holds it runs the engine */
+	if (qp->sq_pending || atomic_load(&qp->sq_async))
+		urdma_sq_run(qp);
+	pthread_mutex_unlock(&qp->sq_lock);
+}
+
+void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event)
+{
+	struct ibv_async_event ev = {
+		.element.qp = &qp->ibqp,
+		.event_type = fatal_event ? IBV_EVENT_QP_FATAL :
+					    IBV_EVENT_QP_ACCESS_ERR,
+	};
+	bool changed;
+
+	pthread_mutex_lock(&qp->sq_lock);
+	/* Under sq_lock, as urdma_sq_run looks at it. */
+	atomic_store(&qp->shm->error_req, 0);
+	changed = qp->ibqp.state != IBV_QPS_ERR &&
+		  qp->ibqp.state != IBV_QPS_RESET;
+	if (changed) {
+		urdma_qp_enter_error(qp);
+		urdma_sq_run(qp);
+	}
+	pthread_mutex_unlock(&qp->sq_lock);
+	if (changed)
+		urdma_async_event(qp->uctx, &ev);
+}
+
+/*
+ * How long a QP with nothing in flight takes to notice a dead peer: what
+ * its retry limits would take on a wire (4.096 us * 2^timeout per try,
+ * retry_cnt + 1 tries; 1 s when timeout is 0 = infinite).  A peer that
+ * exits normally right after its last message must not flush receives
+ * whose completions the application has yet to poll.  A send WR that meets
+ * the dead peer meanwhile fails at once with RETRY_EXC_ERR (the engine's
+ * sq_retry_exceeded), and the ones behind it are flushed.
+ */
+uint64_t urdma_qp_loss_grace_ns(struct urdma_qp *qp)
+{
+	uint64_t budget = urdma_qp_retry_ns(qp);
+
+	return budget ? budget : 1000000000ull;
+}
+
+/* Progress thread: requests from peers, and retries.  Returns whether it
+ * wants to be called again soon. */
+bool urdma_qp_maintain(struct urdma_qp *qp)
+{
+	struct urdma_shm_qp *s = qp->shm;
+	const struct urdma_transport_ops *tr;
+	bool again = false;
+
+	struct urdma_peer *p = urdma_peer_ref(&qp->peer);
+	bool dead = p && urdma_peer_dead(p);
+
+	urdma_peer_put(p);
+	if (atomic_load(&qp->rq_bad) && qp->ibqp.state != IBV_QPS_ERR) {
+		urdma_qp_set_error(qp, true);
+	} else if (atomic_load(&s->error_req)) {
+		urdma_qp_set_error(qp, false);
+	} else if (dead && !atomic_load(&qp->peer_dead)) {
+		uint64_t now = urdma_now_ns();
+
+		if (!qp->peer_dead_ns)
+			qp->peer_dead_ns = now;
+		if (now - qp->peer_dead_ns >= urdma_qp_loss_grace_ns(qp)) {
+			atomic_store(&qp->peer_dead, true);
+			urdma_info("qp %#x: the peer process died",
+				   qp->ibqp.qp_num);
+			urdma_qp_set_error(qp, true);
+		} else {
+			again = true;
+		}
+	}
+	if (atomic_load(&s->notify_fired) && atomic_exchange(&s->notify_fired, 0))
+		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
+	/* In ERR, the receives wait for a deliverer to leave the ring. */
+	if (atomic_load(&qp->rq_flush_wait)) {
+		if (urdma_rq_flush(qp))
+			urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
+		again = true;
+	}
+	tr = qp->tr; /* read once: modify_qp may clear it meanwhile */
+	if (tr && tr->maintain)
+		again |= tr->maintain(qp);
+	if (qp->sq_pending || atomic_load(&qp->sq_async))
+		urdma_qp_progress(qp);
+	return again || qp->sq_pending || atomic_load(&qp->sq_async);
+}
+
+void urdma_qp_release(struct urdma_qp *qp)
+{
+	pthread_mutex_lock(&qp->sq_lock);
+	if (qp->tr && qp->tr->release)
+		qp->tr->release(qp);
+	pthread_mutex_unlock(&qp->sq_lock);
+}
+
+/* ---- send queue, posting ---- */
+
+static int check_send_wr(struct urdma_qp *qp, const struct ibv_send_wr *wr,
+			 uint32_t *len)
+{
+	uint64_t total = 0;
+
+	switch (wr->opcode) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+	case IBV_WR_SEND:
+	case IBV_WR_SEND_WITH_IMM:
+	case IBV_WR_RDMA_READ:
+		break;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		if (wr->num_sge != 1 || wr->sg_list[0].length != 8 ||
+		    (wr->send_flags & IBV_SEND_INLINE))
+			return EINVAL;
+		break;
+	default:
+		return EINVAL; /* not an RC operation we implement */
+	}
+	if (wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->cap.max_send_sge)
+		return EINVAL;
+	for (int i = 0; i < wr->num_sge; i++)
+		total += wr->sg_list[i].length;
+	if (total > (1u << 31))
+		return EINVAL;
+	if (wr->send_flags & IBV_SEND_INLINE) {
+		if (wr->opcode == IBV_WR_RDMA_READ ||
+		    total > qp->cap.max_inline_data)
+			return EINVAL;
+	}
+	*len = total;
+	return 0;
+}
+
+int urdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
+		    struct ibv_send_wr **bad)
+{
+	struct urdma_qp *qp = to_uqp(ibqp);
+	int ret = 0;
+
+	pthread_mutex_lock(&qp->sq_lock);
+	for (; wr; wr = wr->next) {
+		enum ibv_qp_state st = ibqp->state;
+		struct urdma_swqe *w;
+		uint32_t len;
+
+		if (st == IBV_QPS_RESET || st == IBV_QPS_INIT ||
+		    st == IBV_QPS_RTR) {
+			ret = EINVAL;
+			break;
+		}
+		ret = check_send_wr(qp, wr, &len);
+		if (ret)
+			break;
+		if (qp->sq_tail - atomic_load_explicit(&qp->sq_retired,
+						       memory_order_acquire) >=
+		    qp->cap.max_send_wr) {
+			ret = ENOMEM;
+			break;
+		}
+		w = sq_slot(qp, qp->sq_tail);
+		w->wr_id = wr->wr_id;
+		w->opcode = wr->opcode;
+		w->send_flags = wr->send_flags;
+		w->imm_data = wr->imm_data;
+		w->byte_len = len;
+		w->first_try_ns = 0;
+		w->rnr_tries = 0;
+		atomic_store_explicit(&w->done, 0, memory_order_relaxed);
+		if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		    wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+			w->remote_addr = wr->wr.atomic.remote_addr;
+			w->rkey = wr->wr.atomic.rkey;
+			w->compare_add = wr->wr.atomic.compare_add;
+			w->swap = wr->wr.atomic.swap;
+		} else {
+			w->remote_addr = wr->wr.rdma.remote_addr;
+			w->rkey = wr->wr.rdma.rkey;
+		}
+		if (wr->send_flags & IBV_SEND_INLINE) {
+			uint8_t *p = (uint8_t *)&w->sge[qp->cap.max_send_sge];
+
+			for (int i = 0; i < wr->num_sge; i++) {
+				memcpy(p, (void *)(uintptr_t)wr->sg_list[i].addr,
+				       wr->sg_list[i].length);
+				p += wr->sg_list[i].length;
+			}
+			w->inline_len = len;
+			w->num_sge = 0;
+		} else {
+			w->inline_len = 0;
+			w->num_sge = wr->num_sge;
+			if (wr->num_sge) /* sg_list may be NULL then */
+				memcpy(w->sge, wr->sg_list,
+				       wr->num_sge * sizeof(struct ibv_sge));
+		}
+		qp->sq_tail++;
+	}
+	if (ret)
+		*bad = wr;
+	urdma_sq_run(qp);
+	pthread_mutex_unlock(&qp->sq_lock);
+	return ret;
+}
+
+/* Inline data of a WR. */
+static inline uint8_t *swqe_inline(struct urdma_qp *qp, struct urdma_swqe *w)
+{
+	return (uint8_t *)&w->sge[qp->cap.max_send_sge];
+}
+
+enum ibv_wc_status urdma_local_spans(struct urdma_qp *qp,
+				     struct urdma_swqe *wqe,
+				     struct urdma_span *spans, int *n,
+				     uint32_t access)
+{
+	uint32_t pd_id = to_upd(qp->ibqp.pd)->id;
+	int k = 0;
+
+	if (wqe->send_flags & IBV_SEND_INLINE) {
+		spans[0] = (struct urdma_span){ .len = wqe->inline_len,
+						.ptr = swqe_inline(qp, wqe) };
+		*n = 1;
+		return IBV_WC_SUCCESS;
+	}
+	for (uint32_t i = 0; i < wqe->num_sge; i++) {
+		struct ibv_sge *sg = &wqe->sge[i];
+
+		if (!sg->length)
+			continue;
+		if (urdma_mr_lookup(qp->uctx->shm, sg->lkey, sg->addr,
+				    sg->length, access, pd_id, &spans[k].va,
+				    &spans[k].direct))
+			return IBV_WC_LOC_PROT_ERR;
+		spans[k].len = sg->length;
+		spans[k].ptr = NULL;
+		k++;
+	}
+	*n = k;
+	return IBV_WC_SUCCESS;
+}
