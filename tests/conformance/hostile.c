@@ -25,6 +25,9 @@
  * so the real QP connects to the test (the test is the passive side); the
  * *_fake_active cases bind P below it and connect to the real QP's
  * listener instead.
+ *
+ * Over 1,000 lines on purpose: a catalogue of independent hostile streams
+ * sharing one fake peer; each is a row of cases[] (expected Terminate).
  */
 #include "harness.h"
 

@@ -7,6 +7,9 @@
  * operations run, the target calls nothing at all: it sleeps in a blocking
  * read on the socketpair (or spins on its own memory, like ib_write_lat),
  * so the data must reach its memory without its help.
+ *
+ * Over 1,000 lines on purpose: a catalogue of independent cases sharing one
+ * parent/child set-up; main() at the end lists them by name.
  */
 #include "harness.h"
 

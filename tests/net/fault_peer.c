@@ -37,6 +37,9 @@
  * Output: "FLOWING ..." once the active side has some successful completions,
  * "RESULT ...", "FDS ...", "PASS ..." or "FAIL: ..." lines.
  * Exit status: 0 all checks passed, 1 a check failed, 2 usage or setup error.
+ *
+ * Over 1,000 lines on purpose: one program plays every fault mode, so that
+ * both sides of a mode are read together and faults.sh starts one binary.
  */
 #include <arpa/inet.h>
 #include <dirent.h>

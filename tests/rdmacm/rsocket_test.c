@@ -13,6 +13,9 @@
  *
  * Every case runs in its own processes under the harness' watchdog; every
  * wait is bounded.  ./rdmacm_rsocket [case...] runs some cases.
+ *
+ * Over 1,000 lines on purpose: a catalogue of independent cases sharing one
+ * server/client set-up; main() at the end lists them by name.
  */
 #include "harness.h"
 
