@@ -23,6 +23,10 @@ configure: deps
 
 demo: all
 	$(BUILD)/bin/urdma_demo
+	@echo "== the urdma API: an asynchronous echo server and a client"
+	@$(BUILD)/bin/urdma_echo_server 127.0.0.1:7471 & srv=$$!; sleep 0.5; \
+	 $(BUILD)/bin/urdma_echo_client 127.0.0.1:7471 "hello over urdma"; rc=$$?; \
+	 kill $$srv; wait $$srv 2>/dev/null; exit $$rc
 
 check: all
 	@scripts/deps.sh check

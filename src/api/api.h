@@ -1,0 +1,228 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * liburdma's private header: the objects behind <urdma.h> and what its
+ * files share.  Only the public verbs and rdma_cm APIs are used.
+ *
+ * Files: ctx.c (contexts, the fd, urdma_poll and the event queue, the
+ * completion queue), pool.c (the message buffer pool, registered regions),
+ * conn.c (connections: the CM, credits, messages), rma.c (one-sided
+ * operations), strerror.c.
+ *
+ * Wire (between two liburdma ends; docs/urdma-api.md): the CM private data
+ * carries struct api_hello then the application's hello.  Every message is
+ * a SEND WITH IMMEDIATE; the immediate carries the receive credits the
+ * sender grants (API_IMM_CREDITS) and two flags: API_IMM_UPDATE (credits
+ * only, nothing for the application) and API_IMM_BYE (the sender closes:
+ * what came before is all).
+ */
+#ifndef URDMA_API_PRIV_H
+#define URDMA_API_PRIV_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include "urdma.h"
+
+#define API_EXPORT __attribute__((visibility("default")))
+
+#define API_MAGIC 0x5552u /* "UR" */
+#define API_VERSION 1
+struct api_hello {
+	uint16_t magic;	  /* big-endian, as the rest */
+	uint8_t version;
+	uint8_t hello_len;
+	uint32_t credits; /* receives posted for the peer */
+} __attribute__((packed));
+
+#define API_IMM_CREDITS 0x00ffffffu
+#define API_IMM_UPDATE 0x01000000u
+#define API_IMM_BYE 0x02000000u
+
+#define API_SLAB_BUFS 256
+
+struct api_slab {
+	struct api_slab *next;
+	uint8_t *base;
+	struct ibv_mr *mr;
+};
+
+struct urdma_mem {
+	struct urdma_mem *next;
+	urdma_ctx *ctx;
+	struct ibv_mr *mr;
+	uint64_t addr, len;
+	int access; /* IBV_ACCESS_* */
+};
+
+enum api_state {
+	ST_LISTEN,
+	ST_RESOLVING,	/* address, then route */
+	ST_CONNECTING,	/* rdma_connect sent */
+	ST_ACCEPTING,	/* ACCEPTED reported: rdma_accept at the next poll */
+	ST_ACCEPT_SENT, /* waiting for ESTABLISHED */
+	ST_OPEN,
+	ST_CLOSING,	/* ours: sending what is queued, then BYE */
+	ST_DRAINING,	/* disconnected: waiting for the QP's WRs to flush */
+	ST_DEAD,	/* CLOSED reported; freed at the next poll */
+	ST_ZOMBIE,	/* freed, but its drain WRs never came back: kept
+			 * until the context goes, completions ignored */
+};
+
+enum api_op { OP_SEND = 1, OP_WRITE, OP_READ, OP_ATOMIC, OP_BYE, OP_DRAIN };
+
+/* A posted send-queue WR. */
+struct api_srec {
+	urdma_conn *conn;
+	void *buf;  /* a pool buffer to give back when done, or NULL */
+	void *user;
+	uint8_t op;
+	bool event; /* report its completion */
+	uint16_t slot; /* OP_ATOMIC: the result slot */
+};
+
+/* A posted receive. */
+struct api_rrec {
+	urdma_conn *conn;
+	void *buf;
+};
+
+/* A message waiting for credits or send-queue room. */
+struct api_pending {
+	void *buf; /* a pool buffer */
+	uint32_t len;
+	bool copy; /* ours (a copy), not lent by the application */
+	void *user;
+};
+
+struct urdma_conn {
+	urdma_ctx *ctx;
+	struct urdma_conn *next, *prev; /* ctx->conns */
+	struct urdma_conn *tnext;	/* ctx->timed, while in it */
+	bool timed;
+	struct rdma_cm_id *id;
+	struct ibv_qp *qp;
+	enum api_state state;
+	int err;	   /* the first error: the CLOSED status */
+	bool bye_rcvd;	   /* the peer closed in order */
+	bool peer_gone;	   /* DISCONNECTED: a reset unless BYE came */
+	bool bye_sent;
+	bool closed_by_app;
+	bool want_writable;
+	bool dirty;	   /* in ctx->dirty: credits or queue to flush */
+	struct urdma_conn *dnext;
+	void *user;
+	uint64_t deadline_ns; /* connect, or drain */
+	/* hello: ours (listener: for each accepted conn) and the peer's */
+	uint8_t hello[URDMA_HELLO_MAX];
+	uint8_t hello_len;
+	uint8_t peer_hello[URDMA_HELLO_MAX];
+	uint8_t peer_hello_len;
+	/* send queue */
+	struct api_srec *srec;
+	uint32_t sq_size, sq_head, sq_tail; /* posted: head - tail */
+	uint32_t unsignaled;
+	uint32_t credits;   /* sends the peer has receives for */
+	uint32_t owed;	    /* receives re-posted, not yet granted */
+	struct api_pending *pend; /* a ring of pend_cap (a power of 2) */
+	uint32_t pend_cap, pend_head, pend_tail; /* queued: head - tail */
+	uint32_t pend_copies;
+	/* receive queue */
+	struct api_rrec *rrec;
+	uint32_t rq_size, rq_posted;
+	/* atomics: 8-byte results in one pool buffer */
+	uint64_t *aslots;
+	uint32_t aslot_n, aslot_next, aslot_busy;
+	/* a drain WR posted in each queue when disconnected (the send
+	 * queue has one slot more than sq_size for it) */
+	bool sdrain, rdrain;
+	struct api_rrec drain_rrec;
+	struct api_srec drain_srec;
+};
+
+struct api_evq {
+	urdma_event *ev;
+	uint32_t cap, head, tail; /* queued: tail - head */
+};
+
+struct urdma_ctx {
+	urdma_cfg cfg;
+	bool threadsafe;
+	pthread_mutex_t lock;
+	struct ibv_context *verbs;
+	struct ibv_device_attr dattr;
+	struct ibv_pd *pd;
+	struct ibv_comp_channel *cch;
+	struct ibv_cq *cq;
+	int cq_size, cq_need;
+	bool armed;
+	uint32_t cq_events; /* to acknowledge */
+	struct rdma_event_channel *cm;
+	int epfd, evfd, tfd;
+	bool kicked;
+	/* pool */
+	struct api_slab *slabs;
+	void **free_bufs;
+	uint32_t nfree, nbufs;
+	struct urdma_mem *mems, *last_mem;
+	/* connections */
+	struct urdma_conn *conns;
+	struct urdma_conn *timed;
+	struct urdma_conn *dirty;
+	struct urdma_conn *dead;
+	struct urdma_conn *zombies;
+	uint32_t nconns;
+	struct api_evq q;
+};
+
+/* ctx.c */
+uint64_t api_now_ns(void);
+void api_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int api_push(urdma_ctx *ctx, int type, int status, urdma_conn *c, void *user,
+	     void *buf, size_t len, uint64_t value);
+void api_kick(urdma_ctx *ctx);
+void api_timer_update(urdma_ctx *ctx);
+int api_cq_grow(urdma_ctx *ctx, int more);
+int api_wc_errno(enum ibv_wc_status st);
+
+/* pool.c */
+int api_pool_init(urdma_ctx *ctx);
+void api_pool_fini(urdma_ctx *ctx);
+void *api_buf_get(urdma_ctx *ctx);
+void api_buf_put(urdma_ctx *ctx, void *buf);
+bool api_is_buf(urdma_ctx *ctx, const void *p);
+/* The lkey of [p, p+len) (pool or registered region), or -EFAULT; write:
+ * the memory must be writable by the device. */
+int64_t api_lkey(urdma_ctx *ctx, const void *p, size_t len, bool write);
+
+/* conn.c */
+void api_cm_events(urdma_ctx *ctx);
+void api_accept_pending(urdma_ctx *ctx);
+void api_wc(urdma_ctx *ctx, const struct ibv_wc *wc);
+void api_flush_dirty(urdma_ctx *ctx);
+void api_expire(urdma_ctx *ctx, uint64_t now);
+void api_reap(urdma_ctx *ctx);
+void api_conn_fail(urdma_conn *c, int err);
+void api_conn_free(urdma_conn *c);
+void api_mark_dirty(urdma_conn *c);
+int api_post_send(urdma_conn *c, struct ibv_send_wr *wr, void *buf,
+		  void *user, uint8_t op, bool event, uint16_t slot);
+bool api_conn_usable(const urdma_conn *c);
+
+/* The context's lock, when it was made URDMA_CFG_THREADSAFE. */
+static inline void api_lock(urdma_ctx *ctx)
+{
+	if (ctx->threadsafe)
+		pthread_mutex_lock(&ctx->lock);
+}
+
+static inline void api_unlock(urdma_ctx *ctx)
+{
+	if (ctx->threadsafe)
+		pthread_mutex_unlock(&ctx->lock);
+}
+
+#endif

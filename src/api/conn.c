@@ -1,0 +1,1097 @@
+// SPDX-License-Identifier: MIT
+/*
+ * liburdma: connections.  Listening and connecting by "host:port" on
+ * asynchronous rdma_cm ids, the queue pair of each connection, messages
+ * with credit-based flow control, and closing.
+ *
+ * Credits: each side keeps queue_depth receives posted (pool buffers) and
+ * tells the peer how many in its hello.  A message consumes one; its
+ * receiver re-posts a receive as soon as urdma_poll takes the message (with
+ * a fresh pool buffer: the old one is the application's now) and grants it
+ * back in the immediate data of its next message, or in a credit update
+ * (a message with nothing for the application) once half the depth is
+ * owed.  A sender never sends without a credit, so no message ever meets
+ * a receive queue that is empty (no RNR, no retry).  Data needs two
+ * credits: the last one is kept for a credit update or the goodbye, so the
+ * two sides can never both wait for credits.  Messages beyond the credits
+ * or the send queue wait in a software queue, in pool buffers: lent ones
+ * (the application's already), and copies up to queue_depth per
+ * connection, so that the rest of the pool stays for receives.  Beyond
+ * that (or with the pool empty) urdma_send says -EAGAIN, and a WRITABLE
+ * event follows when it may try again.  A receiver whose pool is empty
+ * re-posts no receive, so it grants no credit: back-pressure.
+ *
+ * Closing: urdma_close sends what is queued, then a goodbye (BYE), and
+ * disconnects once the goodbye has completed; the peer's CLOSED then says
+ * 0, an orderly close.  A disconnect without a goodbye (the peer's process
+ * died, or the network failed) gives -ECONNRESET.  Either way the QP goes
+ * to ERR, a drain WR is posted in each queue, and CLOSED is reported when
+ * both have completed: no completion can refer to the connection after.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+
+#define RECV_TAG 1ull /* low bit of a receive's wr_id */
+
+static bool is_timed(urdma_conn *c)
+{
+	return c->timed;
+}
+
+static void timed_add(urdma_conn *c, uint64_t deadline)
+{
+	c->deadline_ns = deadline;
+	if (!is_timed(c)) {
+		c->tnext = c->ctx->timed;
+		c->ctx->timed = c;
+		c->timed = true;
+	}
+}
+
+static void timed_del(urdma_conn *c)
+{
+	if (!is_timed(c))
+		return;
+	for (urdma_conn **p = &c->ctx->timed; *p; p = &(*p)->tnext)
+		if (*p == c) {
+			*p = c->tnext;
+			break;
+		}
+	c->timed = false;
+}
+
+void api_mark_dirty(urdma_conn *c)
+{
+	if (!c->dirty) {
+		c->dirty = true;
+		c->dnext = c->ctx->dirty;
+		c->ctx->dirty = c;
+	}
+}
+
+bool api_conn_usable(const urdma_conn *c)
+{
+	return c->state == ST_OPEN;
+}
+
+static urdma_conn *conn_new(urdma_ctx *ctx, void *user)
+{
+	urdma_conn *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	/* sends may be queued before the connection is made */
+	c->pend_cap = 16; /* grows: the pool bounds what may wait */
+	c->pend = calloc(c->pend_cap, sizeof(*c->pend));
+	if (!c->pend) {
+		free(c);
+		return NULL;
+	}
+	c->ctx = ctx;
+	c->user = user;
+	c->next = ctx->conns;
+	if (ctx->conns)
+		ctx->conns->prev = c;
+	ctx->conns = c;
+	ctx->nconns++;
+	return c;
+}
+
+/* Split "host:port", "[v6]:port", ":port" or "port" and look it up. */
+static int resolve(const char *hostport, bool passive, struct addrinfo **res)
+{
+	char host[256];
+	const char *colon, *port, *h = host;
+	struct addrinfo hints = {
+		.ai_socktype = SOCK_STREAM,
+		.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0),
+	};
+	size_t hl;
+
+	if (!hostport)
+		return -EINVAL;
+	colon = strrchr(hostport, ':');
+	if (!colon) {
+		port = hostport;
+		h = NULL;
+	} else {
+		port = colon + 1;
+		hl = (size_t)(colon - hostport);
+		if (hl && hostport[0] == '[' && hostport[hl - 1] == ']') {
+			hostport++;
+			hl -= 2;
+		}
+		if (hl >= sizeof(host))
+			return -EINVAL;
+		memcpy(host, hostport, hl);
+		host[hl] = 0;
+		if (!hl)
+			h = NULL;
+	}
+	if (!*port || strspn(port, "0123456789") != strlen(port) ||
+	    atol(port) > 65535)
+		return -EINVAL;
+	if (!h && !passive)
+		h = "localhost";
+	switch (getaddrinfo(h, port, &hints, res)) {
+	case 0:
+		return 0;
+	case EAI_MEMORY:
+		return -ENOMEM;
+	case EAI_SYSTEM:
+		return -errno;
+	default:
+		return -EHOSTUNREACH;
+	}
+}
+
+static void hello_make(urdma_conn *c, uint8_t *out, uint8_t *len,
+		       uint32_t credits)
+{
+	struct api_hello h = {
+		.magic = htons(API_MAGIC),
+		.version = API_VERSION,
+		.hello_len = c->hello_len,
+		.credits = htonl(credits),
+	};
+
+	memcpy(out, &h, sizeof(h));
+	memcpy(out + sizeof(h), c->hello, c->hello_len);
+	*len = (uint8_t)(sizeof(h) + c->hello_len);
+}
+
+/* The peer's hello from CM private data: its credits; -EPROTO if it is
+ * not a liburdma peer. */
+static int hello_take(urdma_conn *c, const void *pd, uint8_t len)
+{
+	struct api_hello h;
+
+	if (!pd || len < sizeof(h))
+		return -EPROTO;
+	memcpy(&h, pd, sizeof(h));
+	if (ntohs(h.magic) != API_MAGIC || h.version != API_VERSION ||
+	    h.hello_len > URDMA_HELLO_MAX ||
+	    sizeof(h) + h.hello_len > len || !ntohl(h.credits))
+		return -EPROTO;
+	c->credits = ntohl(h.credits);
+	memcpy(c->peer_hello, (const uint8_t *)pd + sizeof(h), h.hello_len);
+	c->peer_hello_len = h.hello_len;
+	return 0;
+}
+
+static int set_hello(urdma_conn *c, const void *hello, size_t len)
+{
+	if (len > URDMA_HELLO_MAX || (len && !hello))
+		return -EINVAL;
+	if (len)
+		memcpy(c->hello, hello, len);
+	c->hello_len = (uint8_t)len;
+	return 0;
+}
+
+/* ---- the queue pair ---- */
+
+static int post_recv(urdma_conn *c, struct api_rrec *r)
+{
+	struct ibv_sge sge = {
+		.addr = (uintptr_t)r->buf,
+		.length = c->ctx->cfg.buf_size,
+		.lkey = (uint32_t)api_lkey(c->ctx, r->buf, 1, true),
+	};
+	struct ibv_recv_wr wr = {
+		.wr_id = (uintptr_t)r | RECV_TAG,
+		.sg_list = &sge,
+		.num_sge = 1,
+	}, *bad;
+
+	if (ibv_post_recv(c->qp, &wr, &bad))
+		return -errno ? -errno : -EIO;
+	c->rq_posted++;
+	return 0;
+}
+
+/* Give every receive slot without a buffer one (as the pool allows). */
+static void refill(urdma_conn *c)
+{
+	for (uint32_t i = 0; i < c->rq_size && c->rq_posted < c->rq_size; i++) {
+		struct api_rrec *r = &c->rrec[i];
+
+		if (r->buf)
+			continue;
+		r->buf = api_buf_get(c->ctx);
+		if (!r->buf)
+			return;
+		if (post_recv(c, r)) {
+			api_buf_put(c->ctx, r->buf);
+			r->buf = NULL;
+			return;
+		}
+		c->owed++;
+	}
+}
+
+static uint8_t ack_timeout(int op_ms)
+{
+	/* 4.096 us * 2^t per try, 8 tries (retry_count 7) */
+	uint64_t per_try_us = (uint64_t)op_ms * 1000 / 8;
+	uint8_t t = 1;
+
+	while (t < 31 && 4ull << t < per_try_us)
+		t++;
+	return t;
+}
+
+/* The QP, the records and every receive posted: the credits we give. */
+static int qp_setup(urdma_conn *c, struct rdma_cm_id *id)
+{
+	urdma_ctx *ctx = c->ctx;
+	uint32_t depth = ctx->cfg.queue_depth, sq = 8;
+	struct ibv_qp_init_attr a = {
+		.send_cq = ctx->cq,
+		.recv_cq = ctx->cq,
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_recv_wr = depth + 1,
+			 .max_send_sge = 1, .max_recv_sge = 1,
+			 .max_inline_data = ctx->cfg.inline_max },
+	};
+	uint8_t to = ack_timeout(ctx->cfg.op_timeout_ms);
+	int ret;
+
+	if (id->verbs != ctx->verbs)
+		return -EXDEV; /* another device than the context's */
+	while (sq < depth * 2)
+		sq *= 2; /* a power of two: records are indexed by a mask */
+	a.cap.max_send_wr = sq + 1; /* + the drain WR */
+	ret = api_cq_grow(ctx, (int)(depth * 3 + 2));
+	if (ret)
+		return ret;
+	rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &to,
+			sizeof(to));
+	if (rdma_create_qp(id, ctx->pd, &a)) {
+		ret = -errno ? -errno : -EIO;
+		api_cq_grow(ctx, -(int)(depth * 3 + 2));
+		return ret;
+	}
+	c->id = id;
+	c->qp = id->qp;
+	c->sq_size = sq;
+	c->rq_size = depth;
+	c->srec = calloc(c->sq_size, sizeof(*c->srec));
+	c->rrec = calloc(c->rq_size, sizeof(*c->rrec));
+	if (!c->srec || !c->rrec)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < c->rq_size; i++)
+		c->rrec[i].conn = c;
+	refill(c);
+	c->owed = 0; /* the first receives are the hello's credits */
+	c->drain_rrec.conn = c;
+	c->drain_srec = (struct api_srec){ .conn = c, .op = OP_DRAIN };
+	return c->rq_posted ? 0 : -ENOBUFS;
+}
+
+static void conn_params(urdma_conn *c, struct rdma_conn_param *p,
+			uint8_t *pd)
+{
+	uint8_t len;
+
+	hello_make(c, pd, &len, c->rq_posted);
+	*p = (struct rdma_conn_param){
+		.private_data = pd,
+		.private_data_len = len,
+		.responder_resources =
+			(uint8_t)(c->ctx->dattr.max_qp_rd_atom > 255 ? 255 :
+				  c->ctx->dattr.max_qp_rd_atom),
+		.initiator_depth =
+			(uint8_t)(c->ctx->dattr.max_qp_init_rd_atom > 255 ? 255 :
+				  c->ctx->dattr.max_qp_init_rd_atom),
+		.retry_count = 7,
+		.rnr_retry_count = 7,
+	};
+}
+
+/* ---- sending ---- */
+
+static uint32_t sq_used(const urdma_conn *c)
+{
+	return c->sq_head - c->sq_tail;
+}
+
+int api_post_send(urdma_conn *c, struct ibv_send_wr *wr, void *buf,
+		  void *user, uint8_t op, bool event, uint16_t slot)
+{
+	uint32_t idx = c->sq_head & (c->sq_size - 1);
+	struct api_srec *r = &c->srec[idx];
+	struct ibv_send_wr *bad;
+
+	/* Signal what must be reported, and now and then, so that the
+	 * records (and pool buffers) of unsignaled WRs are given back. */
+	if (event || op == OP_READ || op == OP_ATOMIC || op == OP_BYE ||
+	    ++c->unsignaled >= c->sq_size / 4 || sq_used(c) + 1 >= c->sq_size) {
+		wr->send_flags |= IBV_SEND_SIGNALED;
+		c->unsignaled = 0;
+	}
+	wr->wr_id = (uintptr_t)r;
+	*r = (struct api_srec){ .buf = buf, .user = user, .op = op,
+				.event = event, .slot = slot, .conn = c };
+	if (ibv_post_send(c->qp, wr, &bad))
+		return -errno ? -errno : -EIO;
+	c->sq_head++;
+	return 0;
+}
+
+/* A SEND WITH IMMEDIATE of [buf, len): the credits we owe go with it. */
+static int send_msg(urdma_conn *c, void *buf, uint32_t len, bool lent,
+		    void *user, uint32_t flags)
+{
+	uint32_t grant = c->owed > API_IMM_CREDITS ? API_IMM_CREDITS : c->owed;
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = len };
+	struct ibv_send_wr wr = {
+		.opcode = IBV_WR_SEND_WITH_IMM,
+		.imm_data = htonl(grant | flags),
+		.sg_list = &sge,
+		.num_sge = len ? 1 : 0,
+	};
+	int ret;
+
+	if (lent)
+		sge.lkey = (uint32_t)api_lkey(c->ctx, buf, len, false);
+	else
+		wr.send_flags = IBV_SEND_INLINE;
+	ret = api_post_send(c, &wr, lent ? buf : NULL, user,
+			    flags & API_IMM_BYE ? OP_BYE : OP_SEND, user != NULL,
+			    0);
+	if (!ret) {
+		c->owed -= grant;
+		c->credits--;
+		if (flags & API_IMM_BYE)
+			c->bye_sent = true;
+	}
+	return ret;
+}
+
+static bool can_send_data(const urdma_conn *c)
+{
+	return c->state == ST_OPEN || c->state == ST_CLOSING ?
+		       c->credits >= 2 && sq_used(c) < c->sq_size : false;
+}
+
+static uint32_t pending(const urdma_conn *c)
+{
+	return c->pend_head - c->pend_tail;
+}
+
+static int pend_grow(urdma_conn *c)
+{
+	uint32_t n = pending(c), cap = c->pend_cap * 2;
+	struct api_pending *p = calloc(cap, sizeof(*p));
+
+	if (!p)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++)
+		p[i] = c->pend[(c->pend_tail + i) & (c->pend_cap - 1)];
+	free(c->pend);
+	c->pend = p;
+	c->pend_cap = cap;
+	c->pend_tail = 0;
+	c->pend_head = n;
+	return 0;
+}
+
+API_EXPORT int urdma_send(urdma_conn *c, const void *buf, size_t len,
+			  void *user)
+{
+	urdma_ctx *ctx;
+	void *copy;
+	bool lent;
+	int ret = 0;
+
+	if (!c || (len && !buf))
+		return -EINVAL;
+	ctx = c->ctx;
+	api_lock(ctx);
+	if (c->state == ST_LISTEN) {
+		ret = -EINVAL;
+		goto out;
+	}
+	if (c->state >= ST_CLOSING || c->closed_by_app) {
+		ret = c->err ? c->err : -ENOTCONN;
+		goto out;
+	}
+	if (c->bye_rcvd) { /* the peer closed: nobody reads any more */
+		ret = -EPIPE;
+		goto out;
+	}
+	if (len > ctx->cfg.buf_size) {
+		ret = -EMSGSIZE;
+		goto out;
+	}
+	lent = len && api_is_buf(ctx, buf);
+	if (!pending(c) && can_send_data(c) &&
+	    (lent || len <= ctx->cfg.inline_max)) {
+		ret = send_msg(c, (void *)buf, (uint32_t)len, lent, user, 0);
+		goto out;
+	}
+	if (pending(c) == c->pend_cap && pend_grow(c)) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	/* Copies wait up to queue_depth: the rest of the pool stays for
+	 * receives, or two sides that flood each other would fill their
+	 * pools with sends and grant no credit ever again. */
+	copy = lent ? (void *)buf :
+	       c->pend_copies < ctx->cfg.queue_depth ? api_buf_get(ctx) :
+						       NULL;
+	if (!copy) {
+		c->want_writable = true;
+		ret = -EAGAIN;
+		goto out;
+	}
+	if (!lent)
+		memcpy(copy, buf, len);
+	c->pend[c->pend_head++ & (c->pend_cap - 1)] =
+		(struct api_pending){ .buf = copy, .len = (uint32_t)len,
+				      .user = user, .copy = !lent };
+	c->pend_copies += !lent;
+	api_mark_dirty(c);
+	api_kick(ctx); /* urdma_poll sends it as soon as it may */
+out:
+	api_unlock(ctx);
+	return ret;
+}
+
+static void conn_disconnect(urdma_conn *c);
+
+/* Send what waits, grant what is owed, say goodbye. */
+static void flush(urdma_conn *c)
+{
+	urdma_ctx *ctx = c->ctx;
+
+	if (c->state > ST_CLOSING || !c->qp)
+		return;
+	if (c->rq_posted < c->rq_size)
+		refill(c);
+	/* After the peer's goodbye nothing more goes: it disconnects. */
+	if (c->state < ST_OPEN || c->bye_rcvd)
+		return;
+	while (pending(c) && can_send_data(c)) {
+		struct api_pending *p =
+			&c->pend[c->pend_tail & (c->pend_cap - 1)];
+
+		if (send_msg(c, p->buf, p->len, true, p->user, 0)) {
+			api_conn_fail(c, -EIO);
+			return;
+		}
+		c->pend_copies -= p->copy;
+		c->pend_tail++;
+	}
+	if (c->want_writable && c->pend_copies < ctx->cfg.queue_depth &&
+	    (ctx->nfree || ctx->nbufs < ctx->cfg.buf_count) &&
+	    c->state == ST_OPEN) {
+		c->want_writable = false;
+		api_push(ctx, URDMA_EV_WRITABLE, 0, c, c->user, NULL, 0, 0);
+	}
+	if (c->state == ST_CLOSING && !pending(c) && !c->bye_sent) {
+		if (c->credits >= 1 && sq_used(c) < c->sq_size &&
+		    send_msg(c, NULL, 0, false, NULL, API_IMM_BYE))
+			conn_disconnect(c);
+		return;
+	}
+	if (c->owed && c->owed >= c->rq_size / 2 && c->credits >= 1 &&
+	    sq_used(c) < c->sq_size && !c->bye_sent &&
+	    send_msg(c, NULL, 0, false, NULL, API_IMM_UPDATE))
+		api_conn_fail(c, -EIO);
+}
+
+void api_flush_dirty(urdma_ctx *ctx)
+{
+	while (ctx->dirty) {
+		urdma_conn *c = ctx->dirty;
+
+		ctx->dirty = c->dnext;
+		c->dirty = false;
+		c->dnext = NULL;
+		flush(c);
+	}
+}
+
+/* ---- the end of a connection ---- */
+
+static void closed(urdma_conn *c)
+{
+	urdma_ctx *ctx = c->ctx;
+
+	timed_del(c);
+	if (!c->err && c->peer_gone && !c->bye_rcvd && !c->bye_sent)
+		c->err = -ECONNRESET; /* no goodbye: it died */
+	/* The peer said goodbye: a send of ours that met its QP going away
+	 * (a reset, no answer) is the close, not an error. */
+	if (c->bye_rcvd && (c->err == -ETIMEDOUT || c->err == -ECONNRESET ||
+			    c->err == -EIO))
+		c->err = 0;
+	c->state = ST_DEAD;
+	api_push(ctx, URDMA_EV_CLOSED, c->err, c, c->user, NULL, 0, 0);
+}
+
+static void drain_check(urdma_conn *c)
+{
+	if (c->state == ST_DRAINING && !c->sdrain && !c->rdrain)
+		closed(c);
+}
+
+/* QP to ERR and a drain WR in each queue: when both have completed, no
+ * completion can refer to the connection any more. */
+static void conn_disconnect(urdma_conn *c)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+
+	if (c->state >= ST_DRAINING)
+		return;
+	c->state = ST_DRAINING;
+	if (!c->qp) {
+		closed(c);
+		return;
+	}
+	rdma_disconnect(c->id);
+	ibv_modify_qp(c->qp, &a, IBV_QP_STATE);
+	{
+		struct ibv_recv_wr rw = { .wr_id = (uintptr_t)&c->drain_rrec |
+						   RECV_TAG },
+				   *rbad;
+		struct ibv_send_wr sw = { .wr_id = (uintptr_t)&c->drain_srec,
+					  .opcode = IBV_WR_SEND,
+					  .send_flags = IBV_SEND_SIGNALED },
+				   *sbad;
+
+		c->rdrain = !ibv_post_recv(c->qp, &rw, &rbad);
+		c->sdrain = !ibv_post_send(c->qp, &sw, &sbad);
+	}
+	/* A provider that refuses WRs in ERR: give it the op timeout. */
+	timed_add(c, api_now_ns() +
+			     (uint64_t)c->ctx->cfg.op_timeout_ms * 1000000ull);
+	drain_check(c);
+}
+
+void api_conn_fail(urdma_conn *c, int err)
+{
+	if (c->state >= ST_DRAINING)
+		return;
+	if (!c->err)
+		c->err = err;
+	api_log("connection %p: %s", (void *)c, strerror(-err));
+	conn_disconnect(c);
+}
+
+void api_conn_free(urdma_conn *c)
+{
+	urdma_ctx *ctx = c->ctx;
+
+	timed_del(c);
+	if (c->dirty)
+		for (urdma_conn **p = &ctx->dirty; *p; p = &(*p)->dnext)
+			if (*p == c) {
+				*p = c->dnext;
+				break;
+			}
+	if (c->qp) {
+		rdma_destroy_qp(c->id);
+		api_cq_grow(ctx, -(int)(ctx->cfg.queue_depth * 3 + 2));
+	}
+	/* Completions of a QP whose drain never came back may still be in
+	 * the CQ: the records they point to must stay. */
+	bool keep = c->qp && (c->sdrain || c->rdrain) && ctx->cq;
+	if (c->id)
+		rdma_destroy_id(c->id);
+	for (uint32_t i = 0; c->rrec && i < c->rq_size; i++)
+		if (c->rrec[i].buf)
+			api_buf_put(ctx, c->rrec[i].buf);
+	for (; c->srec && c->sq_tail != c->sq_head; c->sq_tail++) {
+		struct api_srec *r = &c->srec[c->sq_tail & (c->sq_size - 1)];
+
+		if (r->buf)
+			api_buf_put(ctx, r->buf);
+	}
+	for (; c->pend && pending(c); c->pend_tail++)
+		api_buf_put(ctx, c->pend[c->pend_tail & (c->pend_cap - 1)].buf);
+	if (c->aslots)
+		api_buf_put(ctx, c->aslots);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		ctx->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	ctx->nconns--;
+	free(c->pend);
+	if (keep) {
+		c->state = ST_ZOMBIE;
+		c->next = ctx->zombies;
+		ctx->zombies = c;
+		return; /* srec and rrec stay too (ctx.c frees them) */
+	}
+	free(c->srec);
+	free(c->rrec);
+	free(c);
+}
+
+void api_reap(urdma_ctx *ctx)
+{
+	while (ctx->dead) {
+		urdma_conn *c = ctx->dead;
+
+		ctx->dead = c->dnext;
+		c->dnext = NULL;
+		c->dirty = false;
+		api_conn_free(c);
+	}
+}
+
+API_EXPORT void urdma_close(urdma_conn *c)
+{
+	urdma_ctx *ctx;
+
+	if (!c)
+		return;
+	ctx = c->ctx;
+	api_lock(ctx);
+	if (c->closed_by_app || c->state >= ST_CLOSING) {
+		c->closed_by_app = true;
+		goto out;
+	}
+	c->closed_by_app = true;
+	switch (c->state) {
+	case ST_LISTEN:
+		rdma_destroy_id(c->id);
+		c->id = NULL;
+		closed(c);
+		break;
+	case ST_OPEN:
+		c->state = ST_CLOSING;
+		timed_add(c, api_now_ns() +
+				     (uint64_t)ctx->cfg.op_timeout_ms * 1000000ull);
+		api_mark_dirty(c);
+		api_kick(ctx);
+		break;
+	case ST_ACCEPTING:
+		rdma_reject(c->id, NULL, 0);
+		/* fall through */
+	default: /* still connecting */
+		api_conn_fail(c, -ECANCELED);
+		break;
+	}
+out:
+	api_unlock(ctx);
+}
+
+void api_expire(urdma_ctx *ctx, uint64_t now)
+{
+	urdma_conn *c = ctx->timed, *n;
+
+	for (; c; c = n) {
+		n = c->tnext;
+		if (c->deadline_ns > now)
+			continue;
+		timed_del(c);
+		switch (c->state) {
+		case ST_DRAINING: /* the drain WRs never came back */
+			closed(c);
+			break;
+		case ST_CLOSING:
+			conn_disconnect(c);
+			break;
+		case ST_OPEN:
+		case ST_LISTEN:
+		case ST_DEAD:
+			break;
+		default:
+			api_conn_fail(c, -ETIMEDOUT);
+			break;
+		}
+	}
+}
+
+/* ---- listening and connecting ---- */
+
+API_EXPORT urdma_conn *urdma_listen(urdma_ctx *ctx, const char *hostport,
+				    const void *hello, size_t len, void *user)
+{
+	struct addrinfo *ai = NULL;
+	struct rdma_cm_id *id = NULL;
+	urdma_conn *c;
+	int ret;
+
+	if (!ctx) {
+		errno = EINVAL;
+		return NULL;
+	}
+	api_lock(ctx);
+	c = conn_new(ctx, user);
+	if (!c) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	c->state = ST_LISTEN;
+	ret = set_hello(c, hello, len);
+	if (!ret)
+		ret = resolve(hostport, true, &ai);
+	if (ret)
+		goto fail;
+	if (rdma_create_id(ctx->cm, &id, c, RDMA_PS_TCP) ||
+	    rdma_bind_addr(id, ai->ai_addr) || rdma_listen(id, 1024)) {
+		ret = -errno ? -errno : -EIO;
+		goto fail;
+	}
+	c->id = id;
+	freeaddrinfo(ai);
+	api_unlock(ctx);
+	return c;
+fail:
+	if (id)
+		rdma_destroy_id(id);
+	if (ai)
+		freeaddrinfo(ai);
+	if (c)
+		api_conn_free(c);
+	api_unlock(ctx);
+	api_log("urdma_listen %s: %s", hostport ? hostport : "(null)",
+		strerror(-ret));
+	errno = -ret;
+	return NULL;
+}
+
+API_EXPORT urdma_conn *urdma_connect(urdma_ctx *ctx, const char *hostport,
+				     const void *hello, size_t len, void *user)
+{
+	struct addrinfo *ai = NULL;
+	struct rdma_cm_id *id = NULL;
+	urdma_conn *c;
+	int ret;
+
+	if (!ctx) {
+		errno = EINVAL;
+		return NULL;
+	}
+	api_lock(ctx);
+	c = conn_new(ctx, user);
+	if (!c) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	c->state = ST_RESOLVING;
+	ret = set_hello(c, hello, len);
+	if (!ret)
+		ret = resolve(hostport, false, &ai);
+	if (ret)
+		goto fail;
+	if (rdma_create_id(ctx->cm, &id, c, RDMA_PS_TCP) ||
+	    rdma_resolve_addr(id, NULL, ai->ai_addr,
+			      ctx->cfg.connect_timeout_ms)) {
+		ret = -errno ? -errno : -EIO;
+		goto fail;
+	}
+	c->id = id;
+	freeaddrinfo(ai);
+	timed_add(c, api_now_ns() +
+			     (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull);
+	api_timer_update(ctx);
+	api_unlock(ctx);
+	return c;
+fail:
+	if (id)
+		rdma_destroy_id(id);
+	if (ai)
+		freeaddrinfo(ai);
+	if (c)
+		api_conn_free(c);
+	api_unlock(ctx);
+	errno = -ret;
+	return NULL;
+}
+
+API_EXPORT void urdma_set_user(urdma_conn *c, void *user)
+{
+	if (c)
+		c->user = user;
+}
+
+API_EXPORT void *urdma_user(const urdma_conn *c)
+{
+	return c ? c->user : NULL;
+}
+
+API_EXPORT int urdma_conn_port(const urdma_conn *c)
+{
+	if (!c || !c->id)
+		return -EINVAL;
+	return ntohs(c->state == ST_LISTEN ? rdma_get_src_port(c->id) :
+					     rdma_get_dst_port(c->id));
+}
+
+/* A request on a listener: a connection, reported, accepted at the next
+ * urdma_poll unless the application closes it first. */
+static void on_request(urdma_conn *lis, struct rdma_cm_event *ev)
+{
+	urdma_ctx *ctx = lis->ctx;
+	urdma_conn *c = conn_new(ctx, lis->user);
+	int ret;
+
+	if (!c) {
+		rdma_reject(ev->id, NULL, 0);
+		rdma_destroy_id(ev->id);
+		return;
+	}
+	ev->id->context = c;
+	c->state = ST_ACCEPTING;
+	memcpy(c->hello, lis->hello, lis->hello_len);
+	c->hello_len = lis->hello_len;
+	ret = hello_take(c, ev->param.conn.private_data,
+			 ev->param.conn.private_data_len);
+	if (!ret)
+		ret = qp_setup(c, ev->id);
+	if (ret) {
+		api_log("refusing a connection: %s", strerror(-ret));
+		rdma_reject(ev->id, NULL, 0);
+		if (!c->id)
+			rdma_destroy_id(ev->id);
+		api_conn_free(c);
+		return;
+	}
+	timed_add(c, api_now_ns() +
+			     (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull);
+	api_push(ctx, URDMA_EV_ACCEPTED, 0, c, c->user, c->peer_hello,
+		 c->peer_hello_len, 0);
+	api_kick(ctx); /* the next urdma_poll accepts it */
+}
+
+void api_accept_pending(urdma_ctx *ctx)
+{
+	for (urdma_conn *c = ctx->timed; c; c = c->tnext) {
+		struct rdma_conn_param p;
+		uint8_t pd[sizeof(struct api_hello) + URDMA_HELLO_MAX];
+
+		if (c->state != ST_ACCEPTING)
+			continue;
+		conn_params(c, &p, pd);
+		if (rdma_accept(c->id, &p)) {
+			api_conn_fail(c, -errno ? -errno : -EIO);
+			/* the timed list changed under us: look again */
+			api_accept_pending(ctx);
+			return;
+		}
+		c->state = ST_ACCEPT_SENT;
+	}
+}
+
+static void open_conn(urdma_conn *c, int type)
+{
+	struct ibv_qp_attr a = {
+		.qp_access_flags = IBV_ACCESS_LOCAL_WRITE |
+				   IBV_ACCESS_REMOTE_READ |
+				   IBV_ACCESS_REMOTE_WRITE |
+				   IBV_ACCESS_REMOTE_ATOMIC,
+	};
+
+	timed_del(c);
+	c->state = ST_OPEN;
+	/* rdma_cm leaves atomics off on some devices */
+	ibv_modify_qp(c->qp, &a, IBV_QP_ACCESS_FLAGS);
+	if (type)
+		api_push(c->ctx, type, 0, c, c->user, c->peer_hello,
+			 c->peer_hello_len, 0);
+	api_mark_dirty(c);
+}
+
+static void on_event(urdma_ctx *ctx, struct rdma_cm_event *ev)
+{
+	urdma_conn *c = ev->id->context;
+	struct rdma_conn_param p;
+	uint8_t pd[sizeof(struct api_hello) + URDMA_HELLO_MAX];
+	int ret;
+
+	if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+		on_request(ev->listen_id->context, ev);
+		return;
+	}
+	if (!c || c->state >= ST_DEAD)
+		return;
+	switch (ev->event) {
+	case RDMA_CM_EVENT_ADDR_RESOLVED:
+		if (rdma_resolve_route(c->id, ctx->cfg.connect_timeout_ms))
+			api_conn_fail(c, -errno ? -errno : -EIO);
+		break;
+	case RDMA_CM_EVENT_ROUTE_RESOLVED:
+		ret = qp_setup(c, c->id);
+		if (!ret) {
+			conn_params(c, &p, pd);
+			if (rdma_connect(c->id, &p))
+				ret = -errno ? -errno : -EIO;
+		}
+		if (ret)
+			api_conn_fail(c, ret);
+		else
+			c->state = ST_CONNECTING;
+		break;
+	case RDMA_CM_EVENT_ESTABLISHED:
+		if (c->state == ST_CONNECTING) {
+			ret = hello_take(c, ev->param.conn.private_data,
+					 ev->param.conn.private_data_len);
+			if (ret)
+				api_conn_fail(c, ret);
+			else
+				open_conn(c, URDMA_EV_CONNECTED);
+		} else if (c->state == ST_ACCEPT_SENT) {
+			open_conn(c, 0);
+		}
+		break;
+	case RDMA_CM_EVENT_ADDR_ERROR:
+	case RDMA_CM_EVENT_ROUTE_ERROR:
+	case RDMA_CM_EVENT_UNREACHABLE:
+		api_conn_fail(c, ev->status < 0 ? ev->status : -EHOSTUNREACH);
+		break;
+	case RDMA_CM_EVENT_REJECTED:
+		api_conn_fail(c, -ECONNREFUSED);
+		break;
+	case RDMA_CM_EVENT_CONNECT_ERROR:
+		api_conn_fail(c, ev->status < 0 ? ev->status : -ECONNRESET);
+		break;
+	case RDMA_CM_EVENT_DISCONNECTED:
+		/* A reset unless a goodbye comes: it may still be in the CQ,
+		 * before the flushes (closed() decides). */
+		c->peer_gone = true;
+		conn_disconnect(c);
+		break;
+	case RDMA_CM_EVENT_DEVICE_REMOVAL:
+		api_conn_fail(c, -ENODEV);
+		break;
+	default:
+		break;
+	}
+}
+
+void api_cm_events(urdma_ctx *ctx)
+{
+	struct rdma_cm_event *ev;
+
+	while (!rdma_get_cm_event(ctx->cm, &ev)) {
+		struct rdma_cm_event copy = *ev;
+		uint8_t pd[256];
+
+		/* Acknowledged before it is acted on (destroying an id
+		 * waits for its events to be acknowledged): the private
+		 * data is copied first. */
+		if (ev->param.conn.private_data &&
+		    (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST ||
+		     ev->event == RDMA_CM_EVENT_ESTABLISHED)) {
+			memcpy(pd, ev->param.conn.private_data,
+			       ev->param.conn.private_data_len);
+			copy.param.conn.private_data = pd;
+		}
+		rdma_ack_cm_event(ev);
+		on_event(ctx, &copy);
+	}
+}
+
+/* ---- completions ---- */
+
+static void on_recv(urdma_ctx *ctx, struct api_rrec *r, const struct ibv_wc *wc)
+{
+	urdma_conn *c = r->conn;
+	uint32_t imm;
+
+	if (c->state >= ST_DEAD)
+		return; /* its buffers went back when it was freed */
+	c->rq_posted--;
+	if (r == &c->drain_rrec) {
+		c->rdrain = false;
+		drain_check(c);
+		return;
+	}
+	if (wc->status != IBV_WC_SUCCESS) {
+		api_buf_put(ctx, r->buf);
+		r->buf = NULL;
+		if (wc->status != IBV_WC_WR_FLUSH_ERR)
+			api_conn_fail(c, api_wc_errno(wc->status));
+		return;
+	}
+	if (!(wc->wc_flags & IBV_WC_WITH_IMM)) {
+		api_buf_put(ctx, r->buf);
+		r->buf = NULL;
+		api_conn_fail(c, -EPROTO);
+		return;
+	}
+	imm = ntohl(wc->imm_data);
+	c->credits += imm & API_IMM_CREDITS;
+	if (imm & (API_IMM_UPDATE | API_IMM_BYE)) {
+		if (imm & API_IMM_BYE)
+			c->bye_rcvd = true;
+		if (c->state >= ST_DRAINING || post_recv(c, r)) {
+			api_buf_put(ctx, r->buf);
+			r->buf = NULL;
+		} else {
+			c->owed++;
+		}
+	} else {
+		api_push(ctx, URDMA_EV_RECV, 0, c, c->user, r->buf,
+			 wc->byte_len, 0);
+		r->buf = NULL;
+		if (c->state <= ST_CLOSING)
+			refill(c);
+	}
+	api_mark_dirty(c);
+}
+
+static void on_send(urdma_ctx *ctx, struct api_srec *r, const struct ibv_wc *wc)
+{
+	urdma_conn *c = r->conn;
+	int err = api_wc_errno(wc->status);
+	static const int type[] = {
+		[OP_SEND] = URDMA_EV_SEND, [OP_WRITE] = URDMA_EV_WRITE,
+		[OP_READ] = URDMA_EV_READ, [OP_ATOMIC] = URDMA_EV_ATOMIC,
+	};
+
+	if (c->state >= ST_DEAD)
+		return;
+	/* RC completes in order: every WR up to this one is done (the drain
+	 * WR is the last of all). */
+	while (c->sq_tail != c->sq_head) {
+		struct api_srec *s = &c->srec[c->sq_tail & (c->sq_size - 1)];
+
+		c->sq_tail++;
+		if (s->buf)
+			api_buf_put(ctx, s->buf);
+		if (s->op == OP_ATOMIC)
+			c->aslot_busy--;
+		if (s != r)
+			continue;
+		if (s->event)
+			api_push(ctx, type[s->op], err, c, s->user, NULL,
+				 wc->byte_len,
+				 s->op == OP_ATOMIC && !err ? c->aslots[s->slot] :
+							      0);
+		else if (s->op == OP_BYE && !err && c->state == ST_CLOSING)
+			conn_disconnect(c); /* the goodbye is there */
+		break;
+	}
+	if (r == &c->drain_srec) {
+		c->sdrain = false;
+		drain_check(c);
+		return;
+	}
+	/* After the peer's goodbye a send may find its QP gone: no error. */
+	if (err && err != -ECANCELED && !c->bye_rcvd)
+		api_conn_fail(c, err);
+	api_mark_dirty(c);
+}
+
+void api_wc(urdma_ctx *ctx, const struct ibv_wc *wc)
+{
+	if (wc->wr_id & RECV_TAG)
+		on_recv(ctx, (struct api_rrec *)(uintptr_t)(wc->wr_id & ~RECV_TAG),
+			wc);
+	else
+		on_send(ctx, (struct api_srec *)(uintptr_t)wc->wr_id, wc);
+}

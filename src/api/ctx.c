@@ -1,0 +1,519 @@
+// SPDX-License-Identifier: MIT
+/*
+ * liburdma: contexts, the context's file descriptor, urdma_poll and the
+ * event queue, the completion queue.
+ *
+ * The fd is an epoll set over the CQ's completion channel, the CM event
+ * channel, an eventfd (set while events wait in our queue, so that a
+ * level-triggered loop never strands them) and a timerfd (connect and
+ * close deadlines).  urdma_poll makes all the progress there is (CM
+ * events, completions, credits, queued sends, deadlines), then hands out
+ * events; when the CQ is empty it arms it and looks once more, so the fd
+ * is armed, race-free, whenever urdma_poll returns with nothing left.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api/api.h"
+
+#define DEF_QUEUE_DEPTH 64
+#define DEF_BUF_SIZE 8192
+#define DEF_BUF_COUNT 16384
+#define DEF_INLINE 128
+#define DEF_CONNECT_MS 5000
+#define DEF_OP_MS 2000
+#define CQ_BATCH 32
+#define CQ_PER_POLL 512 /* completions one urdma_poll takes at most */
+
+uint64_t api_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void api_log(const char *fmt, ...)
+{
+	static int on = -1;
+	va_list ap;
+
+	if (on < 0) {
+		const char *e = getenv("URDMA_API_LOG");
+
+		on = e && *e && *e != '0';
+	}
+	if (!on)
+		return;
+	va_start(ap, fmt);
+	fputs("liburdma: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+}
+
+static int cfg_check(urdma_cfg *c)
+{
+	for (size_t i = 0; i < sizeof(c->reserved) / sizeof(c->reserved[0]); i++)
+		if (c->reserved[i])
+			return -EINVAL;
+	if (c->flags & ~(uint32_t)URDMA_CFG_THREADSAFE)
+		return -EINVAL;
+	if (c->connect_timeout_ms < 0 || c->op_timeout_ms < 0)
+		return -EINVAL;
+	if (!c->queue_depth)
+		c->queue_depth = DEF_QUEUE_DEPTH;
+	if (!c->buf_size)
+		c->buf_size = DEF_BUF_SIZE;
+	if (!c->buf_count)
+		c->buf_count = DEF_BUF_COUNT;
+	if (!c->inline_max)
+		c->inline_max = DEF_INLINE;
+	if (!c->connect_timeout_ms)
+		c->connect_timeout_ms = DEF_CONNECT_MS;
+	if (!c->op_timeout_ms)
+		c->op_timeout_ms = DEF_OP_MS;
+	/* Credits (conn.c): the last one is kept for updates, and an update
+	 * goes when half the depth is owed; below 4 that could ping-pong. */
+	if (c->queue_depth < 4 || c->queue_depth > 8192 ||
+	    c->buf_size < 64 || c->buf_size > (1u << 30) ||
+	    c->inline_max > c->buf_size || c->buf_count < API_SLAB_BUFS / 16)
+		return -EINVAL;
+	c->buf_size = (c->buf_size + 63) & ~63u;
+	return 0;
+}
+
+static struct ibv_context *pick_device(urdma_ctx *ctx, const char *name)
+{
+	struct ibv_context **list = rdma_get_devices(NULL), *v = NULL;
+
+	if (!list)
+		return NULL;
+	for (int i = 0; list[i] && !v; i++)
+		if (!name || !strcmp(ibv_get_device_name(list[i]->device), name))
+			v = list[i];
+	rdma_free_devices(list);
+	if (!v)
+		errno = ENODEV;
+	return v;
+}
+
+static int watch(int epfd, int fd)
+{
+	struct epoll_event e = { .events = EPOLLIN, .data.fd = fd };
+
+	return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &e);
+}
+
+static int nonblock(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+API_EXPORT urdma_ctx *urdma_ctx_create(const urdma_cfg *cfg)
+{
+	urdma_ctx *ctx = calloc(1, sizeof(*ctx));
+	int err;
+
+	if (!ctx) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	if (cfg)
+		ctx->cfg = *cfg;
+	err = cfg_check(&ctx->cfg);
+	if (err) {
+		free(ctx);
+		errno = -err;
+		return NULL;
+	}
+	ctx->threadsafe = ctx->cfg.flags & URDMA_CFG_THREADSAFE;
+	pthread_mutex_init(&ctx->lock, NULL);
+	ctx->epfd = ctx->evfd = ctx->tfd = -1;
+	ctx->verbs = pick_device(ctx, ctx->cfg.device);
+	if (!ctx->verbs)
+		goto fail;
+	ctx->cfg.device = NULL; /* not kept: the caller's string */
+	if (ibv_query_device(ctx->verbs, &ctx->dattr))
+		goto fail;
+	if (ctx->cfg.queue_depth * 2 > (uint32_t)ctx->dattr.max_qp_wr) {
+		errno = EINVAL;
+		goto fail;
+	}
+	ctx->pd = ibv_alloc_pd(ctx->verbs);
+	ctx->cch = ctx->pd ? ibv_create_comp_channel(ctx->verbs) : NULL;
+	if (!ctx->cch || nonblock(ctx->cch->fd))
+		goto fail;
+	ctx->cq_size = ctx->dattr.max_cqe < 1024 ? ctx->dattr.max_cqe : 1024;
+	ctx->cq = ibv_create_cq(ctx->verbs, ctx->cq_size, ctx, ctx->cch, 0);
+	ctx->cm = ctx->cq ? rdma_create_event_channel() : NULL;
+	if (!ctx->cm || nonblock(ctx->cm->fd))
+		goto fail;
+	ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
+	ctx->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	ctx->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+	if (ctx->epfd < 0 || ctx->evfd < 0 || ctx->tfd < 0 ||
+	    watch(ctx->epfd, ctx->cch->fd) || watch(ctx->epfd, ctx->cm->fd) ||
+	    watch(ctx->epfd, ctx->evfd) || watch(ctx->epfd, ctx->tfd))
+		goto fail;
+	if (ibv_req_notify_cq(ctx->cq, 0))
+		goto fail;
+	ctx->armed = true;
+	err = api_pool_init(ctx);
+	if (err) {
+		errno = -err;
+		goto fail;
+	}
+	return ctx;
+fail:
+	err = errno ? errno : EIO;
+	api_log("urdma_ctx_create: %s", strerror(err));
+	urdma_ctx_destroy(ctx);
+	errno = err;
+	return NULL;
+}
+
+API_EXPORT void urdma_ctx_destroy(urdma_ctx *ctx)
+{
+	if (!ctx)
+		return;
+	while (ctx->conns)
+		api_conn_free(ctx->conns);
+	if (ctx->cq) {
+		if (ctx->cq_events)
+			ibv_ack_cq_events(ctx->cq, ctx->cq_events);
+		ibv_destroy_cq(ctx->cq);
+		ctx->cq = NULL;
+	}
+	while (ctx->zombies) {
+		urdma_conn *z = ctx->zombies;
+
+		ctx->zombies = z->next;
+		free(z->srec);
+		free(z->rrec);
+		free(z);
+	}
+	while (ctx->mems)
+		urdma_dereg(ctx->mems);
+	api_pool_fini(ctx);
+	if (ctx->cch)
+		ibv_destroy_comp_channel(ctx->cch);
+	if (ctx->pd)
+		ibv_dealloc_pd(ctx->pd);
+	if (ctx->cm)
+		rdma_destroy_event_channel(ctx->cm);
+	if (ctx->epfd >= 0)
+		close(ctx->epfd);
+	if (ctx->evfd >= 0)
+		close(ctx->evfd);
+	if (ctx->tfd >= 0)
+		close(ctx->tfd);
+	pthread_mutex_destroy(&ctx->lock);
+	free(ctx->q.ev);
+	free(ctx);
+}
+
+API_EXPORT int urdma_ctx_fd(urdma_ctx *ctx)
+{
+	return ctx ? ctx->epfd : -EINVAL;
+}
+
+/* ---- the event queue ---- */
+
+int api_push(urdma_ctx *ctx, int type, int status, urdma_conn *c, void *user,
+	     void *buf, size_t len, uint64_t value)
+{
+	struct api_evq *q = &ctx->q;
+
+	if (q->tail - q->head == q->cap) {
+		uint32_t cap = q->cap ? q->cap * 2 : 64;
+		urdma_event *ev = malloc(cap * sizeof(*ev));
+
+		if (!ev)
+			return -ENOMEM;
+		for (uint32_t i = 0; i < q->tail - q->head; i++)
+			ev[i] = q->ev[(q->head + i) & (q->cap - 1)];
+		q->tail -= q->head;
+		q->head = 0;
+		free(q->ev);
+		q->ev = ev;
+		q->cap = cap;
+	}
+	q->ev[q->tail++ & (q->cap - 1)] = (urdma_event){
+		.type = type, .status = status, .conn = c, .user = user,
+		.buf = buf, .len = len, .value = value,
+	};
+	return 0;
+}
+
+/* An event leaves the queue for the application. */
+static void popped(urdma_ctx *ctx, const urdma_event *ev)
+{
+	urdma_conn *c = ev->conn;
+
+	/* The handle stays valid until the next urdma_poll. */
+	if (ev->type == URDMA_EV_CLOSED && c && c->state == ST_DEAD) {
+		c->dnext = ctx->dead;
+		ctx->dead = c;
+	}
+}
+
+void api_kick(urdma_ctx *ctx)
+{
+	if (!ctx->kicked) {
+		uint64_t one = 1;
+
+		ctx->kicked = write(ctx->evfd, &one, sizeof(one)) == sizeof(one);
+	}
+}
+
+static void unkick(urdma_ctx *ctx)
+{
+	uint64_t v;
+
+	if (ctx->kicked && read(ctx->evfd, &v, sizeof(v)) >= 0)
+		ctx->kicked = false;
+}
+
+/* ---- the completion queue ---- */
+
+int api_cq_grow(urdma_ctx *ctx, int more)
+{
+	int need = ctx->cq_need + more, size = ctx->cq_size;
+
+	if (more <= 0 || need <= ctx->cq_size) {
+		ctx->cq_need = need;
+		return 0;
+	}
+	if (need > ctx->dattr.max_cqe)
+		return -ENOBUFS;
+	while (size < need)
+		size = size * 2 > ctx->dattr.max_cqe ? ctx->dattr.max_cqe :
+						       size * 2;
+	if (ibv_resize_cq(ctx->cq, size))
+		return -errno ? -errno : -ENOBUFS;
+	ctx->cq_size = size;
+	ctx->cq_need = need;
+	return 0;
+}
+
+int api_wc_errno(enum ibv_wc_status st)
+{
+	switch (st) {
+	case IBV_WC_SUCCESS:
+		return 0;
+	case IBV_WC_WR_FLUSH_ERR:
+		return -ECANCELED;
+	case IBV_WC_REM_ACCESS_ERR:
+		return -EACCES;
+	case IBV_WC_RETRY_EXC_ERR:
+	case IBV_WC_RNR_RETRY_EXC_ERR:
+		return -ETIMEDOUT;
+	case IBV_WC_LOC_PROT_ERR:
+		return -EFAULT;
+	case IBV_WC_LOC_LEN_ERR:
+	case IBV_WC_REM_INV_REQ_ERR:
+		return -EMSGSIZE;
+	case IBV_WC_REM_OP_ERR:
+		return -EREMOTEIO;
+	default:
+		return -EIO;
+	}
+}
+
+/* Take what the CQ has (at most CQ_PER_POLL); true if it may hold more. */
+static bool cq_drain(urdma_ctx *ctx)
+{
+	struct ibv_wc wc[CQ_BATCH];
+	int total = 0, n;
+
+	do {
+		n = ibv_poll_cq(ctx->cq, CQ_BATCH, wc);
+		for (int i = 0; i < n; i++)
+			api_wc(ctx, &wc[i]);
+		total += n > 0 ? n : 0;
+	} while (n == CQ_BATCH && total < CQ_PER_POLL);
+	return n == CQ_BATCH;
+}
+
+static void cq_events(urdma_ctx *ctx)
+{
+	struct ibv_cq *cq;
+	void *cq_ctx;
+
+	while (!ibv_get_cq_event(ctx->cch, &cq, &cq_ctx)) {
+		ctx->armed = false;
+		if (++ctx->cq_events >= 64) {
+			ibv_ack_cq_events(ctx->cq, ctx->cq_events);
+			ctx->cq_events = 0;
+		}
+	}
+}
+
+/* ---- deadlines ---- */
+
+void api_timer_update(urdma_ctx *ctx)
+{
+	uint64_t first = UINT64_MAX;
+	struct itimerspec its = { 0 };
+
+	for (urdma_conn *c = ctx->timed; c; c = c->tnext)
+		if (c->deadline_ns < first)
+			first = c->deadline_ns;
+	if (first != UINT64_MAX) {
+		its.it_value.tv_sec = (time_t)(first / 1000000000ull);
+		its.it_value.tv_nsec = (long)(first % 1000000000ull);
+		if (!its.it_value.tv_sec && !its.it_value.tv_nsec)
+			its.it_value.tv_nsec = 1;
+	}
+	timerfd_settime(ctx->tfd, TFD_TIMER_ABSTIME, &its, NULL);
+}
+
+/* ---- progress ---- */
+
+static void progress(urdma_ctx *ctx)
+{
+	uint64_t v;
+	bool more;
+
+	unkick(ctx);
+	if (read(ctx->tfd, &v, sizeof(v)) > 0 || ctx->timed)
+		api_expire(ctx, api_now_ns());
+	api_accept_pending(ctx);
+	api_cm_events(ctx);
+	cq_events(ctx);
+	more = cq_drain(ctx);
+	api_flush_dirty(ctx);
+	if (!more && !ctx->armed) {
+		/* Arm, then look again: a completion that came between the
+		 * last poll and the arm would not fire the channel. */
+		if (!ibv_req_notify_cq(ctx->cq, 0))
+			ctx->armed = true;
+		more = cq_drain(ctx);
+		api_flush_dirty(ctx);
+	}
+	if (more)
+		api_kick(ctx);
+	api_timer_update(ctx);
+}
+
+static int take(urdma_ctx *ctx, urdma_event *ev, int max)
+{
+	struct api_evq *q = &ctx->q;
+	int n = 0;
+
+	while (n < max && q->head != q->tail) {
+		ev[n] = q->ev[q->head++ & (q->cap - 1)];
+		popped(ctx, &ev[n]);
+		n++;
+	}
+	if (q->head != q->tail)
+		api_kick(ctx);
+	return n;
+}
+
+/* Sleep on the context's fd for up to timeout_ms (<0: for ever), without
+ * the lock. */
+static void sleep_fd(urdma_ctx *ctx, int timeout_ms)
+{
+	struct pollfd p = { .fd = ctx->epfd, .events = POLLIN };
+
+	api_unlock(ctx);
+	poll(&p, 1, timeout_ms);
+	api_lock(ctx);
+}
+
+static int remaining_ms(uint64_t end_ns)
+{
+	uint64_t now = api_now_ns();
+
+	return now >= end_ns ? 0 : (int)((end_ns - now + 999999) / 1000000);
+}
+
+API_EXPORT int urdma_poll(urdma_ctx *ctx, urdma_event *ev, int max,
+			  int timeout_ms)
+{
+	uint64_t end;
+	int n;
+
+	if (!ctx || !ev || max <= 0)
+		return -EINVAL;
+	end = timeout_ms > 0 ? api_now_ns() + timeout_ms * 1000000ull : 0;
+	api_lock(ctx);
+	api_reap(ctx);
+	for (;;) {
+		progress(ctx);
+		n = take(ctx, ev, max);
+		if (n || !timeout_ms)
+			break;
+		if (timeout_ms > 0 && !remaining_ms(end))
+			break;
+		sleep_fd(ctx, timeout_ms < 0 ? -1 : remaining_ms(end));
+	}
+	api_unlock(ctx);
+	return n;
+}
+
+/* The first queued event of conn (any if NULL) that is of type (any if 0)
+ * or its CLOSED. */
+static bool find(urdma_ctx *ctx, urdma_conn *conn, int type, urdma_event *out)
+{
+	struct api_evq *q = &ctx->q;
+
+	for (uint32_t i = q->head; i != q->tail; i++) {
+		urdma_event *e = &q->ev[i & (q->cap - 1)];
+
+		if (conn && e->conn != conn)
+			continue;
+		if (type && e->type != type && e->type != URDMA_EV_CLOSED)
+			continue;
+		*out = *e;
+		/* close the gap, keeping the order */
+		for (uint32_t k = i; k != q->head; k--)
+			q->ev[k & (q->cap - 1)] = q->ev[(k - 1) & (q->cap - 1)];
+		q->head++;
+		popped(ctx, out);
+		return true;
+	}
+	return false;
+}
+
+API_EXPORT int urdma_wait(urdma_ctx *ctx, urdma_conn *conn, int type,
+			  urdma_event *ev, int timeout_ms)
+{
+	uint64_t end;
+	int ret = -ETIMEDOUT;
+
+	if (!ctx || !ev || type < 0 || type > URDMA_EV_CLOSED ||
+	    (conn && conn->ctx != ctx))
+		return -EINVAL;
+	end = timeout_ms > 0 ? api_now_ns() + timeout_ms * 1000000ull : 0;
+	api_lock(ctx);
+	api_reap(ctx);
+	for (;;) {
+		progress(ctx);
+		if (find(ctx, conn, type, ev)) {
+			ret = 0;
+			break;
+		}
+		if (!timeout_ms || (timeout_ms > 0 && !remaining_ms(end)))
+			break;
+		sleep_fd(ctx, timeout_ms < 0 ? -1 : remaining_ms(end));
+	}
+	if (ctx->q.head != ctx->q.tail)
+		api_kick(ctx);
+	api_unlock(ctx);
+	return ret;
+}
