@@ -19,7 +19,8 @@
  *
  * Errors: calls return 0 (or a count) or a negative errno; calls that
  * return a pointer return NULL and set errno.  urdma_strerror names them.
- * The library prints nothing unless URDMA_API_LOG=1 is set.
+ * The library prints nothing unless asked: URDMA_LOG_LEVEL=info says why
+ * connections fail (URDMA_LOG_FILE sends it to a file).
  *
  * Threads: a context is used by one thread at a time, unless it was made
  * with URDMA_CFG_THREADSAFE (then any thread may call anything; calls are

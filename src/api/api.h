@@ -26,6 +26,8 @@
 #include <rdma/rdma_cma.h>
 
 #include "urdma.h"
+#include "util/clock.h"
+#include "util/log.h"
 
 #define API_EXPORT __attribute__((visibility("default")))
 
@@ -179,8 +181,6 @@ struct urdma_ctx {
 };
 
 /* ctx.c */
-uint64_t api_now_ns(void);
-void api_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int api_push(urdma_ctx *ctx, int type, int status, urdma_conn *c, void *user,
 	     void *buf, size_t len, uint64_t value);
 void api_kick(urdma_ctx *ctx);

@@ -571,7 +571,7 @@ static void conn_disconnect(urdma_conn *c)
 		c->sdrain = !ibv_post_send(c->qp, &sw, &sbad);
 	}
 	/* A provider that refuses WRs in ERR: give it the op timeout. */
-	timed_add(c, api_now_ns() +
+	timed_add(c, urdma_now_ns() +
 			     (uint64_t)c->ctx->cfg.op_timeout_ms * 1000000ull);
 	drain_check(c);
 }
@@ -582,7 +582,7 @@ void api_conn_fail(urdma_conn *c, int err)
 		return;
 	if (!c->err)
 		c->err = err;
-	api_log("connection %p: %s", (void *)c, strerror(-err));
+	urdma_info("connection %p: %s", (void *)c, strerror(-err));
 	conn_disconnect(c);
 }
 
@@ -671,7 +671,7 @@ API_EXPORT void urdma_close(urdma_conn *c)
 		break;
 	case ST_OPEN:
 		c->state = ST_CLOSING;
-		timed_add(c, api_now_ns() +
+		timed_add(c, urdma_now_ns() +
 				     (uint64_t)ctx->cfg.op_timeout_ms * 1000000ull);
 		api_mark_dirty(c);
 		api_kick(ctx);
@@ -757,7 +757,7 @@ fail:
 	if (c)
 		api_conn_free(c);
 	api_unlock(ctx);
-	api_log("urdma_listen %s: %s", hostport ? hostport : "(null)",
+	urdma_info("%s: %s", hostport ? hostport : "(null)",
 		strerror(-ret));
 	errno = -ret;
 	return NULL;
@@ -795,7 +795,7 @@ API_EXPORT urdma_conn *urdma_connect(urdma_ctx *ctx, const char *hostport,
 	}
 	c->id = id;
 	freeaddrinfo(ai);
-	timed_add(c, api_now_ns() +
+	timed_add(c, urdma_now_ns() +
 			     (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull);
 	api_timer_update(ctx);
 	api_unlock(ctx);
@@ -853,14 +853,14 @@ static void on_request(urdma_conn *lis, struct rdma_cm_event *ev)
 	if (!ret)
 		ret = qp_setup(c, ev->id);
 	if (ret) {
-		api_log("refusing a connection: %s", strerror(-ret));
+		urdma_info("refusing a connection: %s", strerror(-ret));
 		rdma_reject(ev->id, NULL, 0);
 		if (!c->id)
 			rdma_destroy_id(ev->id);
 		api_conn_free(c);
 		return;
 	}
-	timed_add(c, api_now_ns() +
+	timed_add(c, urdma_now_ns() +
 			     (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull);
 	api_push(ctx, URDMA_EV_ACCEPTED, 0, c, c->user, c->peer_hello,
 		 c->peer_hello_len, 0);

@@ -14,8 +14,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -34,33 +32,6 @@
 #define DEF_OP_MS 2000
 #define CQ_BATCH 32
 #define CQ_PER_POLL 512 /* completions one urdma_poll takes at most */
-
-uint64_t api_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-void api_log(const char *fmt, ...)
-{
-	static int on = -1;
-	va_list ap;
-
-	if (on < 0) {
-		const char *e = getenv("URDMA_API_LOG");
-
-		on = e && *e && *e != '0';
-	}
-	if (!on)
-		return;
-	va_start(ap, fmt);
-	fputs("liburdma: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-	va_end(ap);
-}
 
 static int cfg_check(urdma_cfg *c)
 {
@@ -127,6 +98,7 @@ API_EXPORT urdma_ctx *urdma_ctx_create(const urdma_cfg *cfg)
 	urdma_ctx *ctx = calloc(1, sizeof(*ctx));
 	int err;
 
+	urdma_log_init();
 	if (!ctx) {
 		errno = ENOMEM;
 		return NULL;
@@ -179,7 +151,7 @@ API_EXPORT urdma_ctx *urdma_ctx_create(const urdma_cfg *cfg)
 	return ctx;
 fail:
 	err = errno ? errno : EIO;
-	api_log("urdma_ctx_create: %s", strerror(err));
+	urdma_info("%s", strerror(err));
 	urdma_ctx_destroy(ctx);
 	errno = err;
 	return NULL;
@@ -390,7 +362,7 @@ static void progress(urdma_ctx *ctx)
 
 	unkick(ctx);
 	if (read(ctx->tfd, &v, sizeof(v)) > 0 || ctx->timed)
-		api_expire(ctx, api_now_ns());
+		api_expire(ctx, urdma_now_ns());
 	api_accept_pending(ctx);
 	api_cm_events(ctx);
 	cq_events(ctx);
@@ -437,7 +409,7 @@ static void sleep_fd(urdma_ctx *ctx, int timeout_ms)
 
 static int remaining_ms(uint64_t end_ns)
 {
-	uint64_t now = api_now_ns();
+	uint64_t now = urdma_now_ns();
 
 	return now >= end_ns ? 0 : (int)((end_ns - now + 999999) / 1000000);
 }
@@ -450,7 +422,7 @@ API_EXPORT int urdma_poll(urdma_ctx *ctx, urdma_event *ev, int max,
 
 	if (!ctx || !ev || max <= 0)
 		return -EINVAL;
-	end = timeout_ms > 0 ? api_now_ns() + timeout_ms * 1000000ull : 0;
+	end = timeout_ms > 0 ? urdma_now_ns() + timeout_ms * 1000000ull : 0;
 	api_lock(ctx);
 	api_reap(ctx);
 	for (;;) {
@@ -499,7 +471,7 @@ API_EXPORT int urdma_wait(urdma_ctx *ctx, urdma_conn *conn, int type,
 	if (!ctx || !ev || type < 0 || type > URDMA_EV_CLOSED ||
 	    (conn && conn->ctx != ctx))
 		return -EINVAL;
-	end = timeout_ms > 0 ? api_now_ns() + timeout_ms * 1000000ull : 0;
+	end = timeout_ms > 0 ? urdma_now_ns() + timeout_ms * 1000000ull : 0;
 	api_lock(ctx);
 	api_reap(ctx);
 	for (;;) {

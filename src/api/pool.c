@@ -160,7 +160,7 @@ API_EXPORT void urdma_buf_free(urdma_ctx *ctx, void *buf)
 			    c->state <= ST_CLOSING)
 				api_mark_dirty(c);
 	} else {
-		api_log("urdma_buf_free: %p is not a pool buffer", buf);
+		urdma_info("%p is not a pool buffer", buf);
 	}
 	api_unlock(ctx);
 }

@@ -82,14 +82,6 @@ static struct list_head hctxs = LIST_HEAD_INIT(hctxs);
 static pthread_once_t host_once = PTHREAD_ONCE_INIT;
 static int host_err;
 
-uint64_t urdma_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
-}
-
 uint32_t urdma_random32(void)
 {
 	uint32_t r;

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "core/shared.h"
+#include "util/clock.h"
 #include "util/list.h"
 
 #define URDMA_DEV_NAME "urdma0"
@@ -249,7 +250,6 @@ static inline uint32_t roundup_pow2(uint32_t v)
 	return r;
 }
 
-uint64_t urdma_now_ns(void);
 /* 32 random bits (getrandom, else the clock, scrambled). */
 uint32_t urdma_random32(void);
 

@@ -76,7 +76,7 @@ void cma_release_held(void)
 
 static int cma_next_timeout_ms(void)
 {
-	uint64_t first = 0, now = cma_now_ns();
+	uint64_t first = 0, now = urdma_now_ns();
 	struct cma_id *cid;
 
 	list_for_each_entry(cid, &cma_ids, node)
@@ -122,7 +122,7 @@ static void *cma_thread(void *arg)
 			if (cid)
 				cma_handle_io(cid);
 		}
-		cma_expire(cma_now_ns());
+		cma_expire(urdma_now_ns());
 	}
 	return NULL;
 }
@@ -408,7 +408,7 @@ static uint32_t cma_random_psn(void)
 	uint32_t v = 0;
 
 	if (getrandom(&v, sizeof(v), 0) != sizeof(v))
-		v = (uint32_t)cma_now_ns() ^ (uint32_t)getpid() << 8;
+		v = (uint32_t)urdma_now_ns() ^ (uint32_t)getpid() << 8;
 	return v & 0xffffff;
 }
 

@@ -15,8 +15,9 @@
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <time.h>
 #include <rdma/rdma_cma.h>
+
+#include "util/clock.h"
 
 #ifndef container_of
 #define container_of(ptr, type, member)                                        \
@@ -28,15 +29,6 @@ static inline int cma_err(int e)
 {
 	errno = e;
 	return -1;
-}
-
-/* Monotonic time in ns. */
-static inline uint64_t cma_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* The largest private data a CM message carries (IB's REP limit). */

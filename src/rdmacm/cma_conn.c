@@ -118,7 +118,7 @@ EXPORT int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_para
 		pthread_mutex_unlock(&cma_lock);
 		return cma_err(e);
 	} else {
-		cid->deadline_ns = cma_now_ns() + CMA_CONNECT_TIMEOUT_MS * 1000000ull;
+		cid->deadline_ns = urdma_now_ns() + CMA_CONNECT_TIMEOUT_MS * 1000000ull;
 		cma_kick();
 	}
 	pthread_mutex_unlock(&cma_lock);
@@ -284,7 +284,7 @@ static void cma_accept_one(struct cma_id *lis)
 	cid->tos = lis->tos;
 	cid->ack_timeout = lis->ack_timeout;
 	cma_set_route(cid, true);
-	cid->deadline_ns = cma_now_ns() + CMA_REQ_TIMEOUT_MS * 1000000ull;
+	cid->deadline_ns = urdma_now_ns() + CMA_REQ_TIMEOUT_MS * 1000000ull;
 	if (cma_watch(cid, EPOLLIN, EPOLL_CTL_ADD))
 		cma_id_free(cid);
 }

@@ -396,7 +396,7 @@ static int rs_accept_one(struct rsocket *ls, struct rs_req *r)
 	if (rdma_accept(rs->id, &param))
 		goto err_reject;
 	rs->state = RS_CONNECTED;
-	rs->cm_next_check = cma_now_ns() + RS_CM_CHECK_NS;
+	rs->cm_next_check = urdma_now_ns() + RS_CM_CHECK_NS;
 	ret = rs_index_insert(rs);
 	if (ret) {
 		errno = -ret;

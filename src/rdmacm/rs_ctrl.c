@@ -231,7 +231,7 @@ static void rs_conn_event(struct rsocket *rs, struct rdma_cm_event *ev)
 			rs_save_conn_data(rs, ev->param.conn.private_data);
 			rdma_ack_cm_event(ev);
 			rs->state = RS_CONNECTED;
-			rs->cm_next_check = cma_now_ns() + RS_CM_CHECK_NS;
+			rs->cm_next_check = urdma_now_ns() + RS_CM_CHECK_NS;
 			return;
 		}
 		rdma_ack_cm_event(ev);
@@ -291,9 +291,9 @@ void rs_progress(struct rsocket *rs)
 			rs_flush_ctl(rs);
 			rs_update_credits(rs);
 		}
-		if (rs->cm_due || cma_now_ns() >= rs->cm_next_check) {
+		if (rs->cm_due || urdma_now_ns() >= rs->cm_next_check) {
 			rs_cm_events(rs);
-			rs->cm_next_check = cma_now_ns() + RS_CM_CHECK_NS;
+			rs->cm_next_check = urdma_now_ns() + RS_CM_CHECK_NS;
 		}
 	} else if (rs->state != RS_IDLE && rs->state != RS_FAILED) {
 		rs_cm_events(rs);
@@ -356,7 +356,7 @@ static uint64_t rs_spin_budget_ns(const struct rsocket *rs)
 int rs_wait(struct rsocket *rs, rs_cond_fn cond, bool nonblock,
 	    int timeout_ms)
 {
-	uint64_t start = cma_now_ns(), spin_end, deadline = 0;
+	uint64_t start = urdma_now_ns(), spin_end, deadline = 0;
 	bool slept = false;
 
 	if (timeout_ms >= 0)
@@ -372,7 +372,7 @@ int rs_wait(struct rsocket *rs, rs_cond_fn cond, bool nonblock,
 			break;
 		if (nonblock)
 			return -EAGAIN;
-		t = cma_now_ns();
+		t = urdma_now_ns();
 		if (deadline && t >= deadline)
 			return -ETIMEDOUT;
 		if (t < spin_end) {
@@ -408,7 +408,7 @@ int rs_wait(struct rsocket *rs, rs_cond_fn cond, bool nonblock,
 	}
 	if (!slept)
 		rs->spin_miss = 0;
-	else if (cma_now_ns() - start > 1000000ull)
+	else if (urdma_now_ns() - start > 1000000ull)
 		rs->spin_miss++;
 	else
 		rs->spin_miss = 0;

@@ -138,7 +138,7 @@ RS_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 		}
 	}
 
-	start = cma_now_ns();
+	start = urdma_now_ns();
 	if (timeout > 0)
 		deadline = start + (uint64_t)timeout * 1000000ull;
 	spin_end = start + (rs_spin_us <= 0 ? 0 :
@@ -151,7 +151,7 @@ RS_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 		look = false; /* until after a sleep */
 		if (ret != 0 || timeout == 0)
 			break;
-		t = cma_now_ns();
+		t = urdma_now_ns();
 		if (deadline && t >= deadline)
 			break;
 		if (t < spin_end) {
@@ -217,7 +217,7 @@ RS_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 	}
 	/* adapt: a wait that needed a long sleep means spinning was wasted */
 	if (ret > 0) {
-		bool long_wait = slept && cma_now_ns() - start > 1000000ull;
+		bool long_wait = slept && urdma_now_ns() - start > 1000000ull;
 
 		for (nfds_t i = 0; i < nfds; i++) {
 			struct rsocket *rs = map[i];
