@@ -18,6 +18,7 @@
 #ifndef URDMA_API_PRIV_H
 #define URDMA_API_PRIV_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -27,6 +28,7 @@
 
 #include "urdma.h"
 #include "util/clock.h"
+#include "util/list.h"
 #include "util/log.h"
 
 #define API_EXPORT __attribute__((visibility("default")))
@@ -102,9 +104,10 @@ struct api_pending {
 
 struct urdma_conn {
 	urdma_ctx *ctx;
-	struct urdma_conn *next, *prev; /* ctx->conns */
-	struct urdma_conn *tnext;	/* ctx->timed, while in it */
-	bool timed;
+	struct list_head node;	/* ctx->conns (ctx->zombies once freed) */
+	struct list_head tnode; /* ctx->timed: has a deadline */
+	struct list_head dnode; /* ctx->dirty: credits or queue to flush */
+	struct list_head rnode; /* ctx->dead: CLOSED handed out */
 	struct rdma_cm_id *id;
 	struct ibv_qp *qp;
 	enum api_state state;
@@ -114,8 +117,6 @@ struct urdma_conn {
 	bool bye_sent;
 	bool closed_by_app;
 	bool want_writable;
-	bool dirty;	   /* in ctx->dirty: credits or queue to flush */
-	struct urdma_conn *dnext;
 	void *user;
 	uint64_t deadline_ns; /* connect, or drain */
 	/* hello: ours (listener: for each accepted conn) and the peer's */
@@ -170,13 +171,8 @@ struct urdma_ctx {
 	void **free_bufs;
 	uint32_t nfree, nbufs;
 	struct urdma_mem *mems, *last_mem;
-	/* connections */
-	struct urdma_conn *conns;
-	struct urdma_conn *timed;
-	struct urdma_conn *dirty;
-	struct urdma_conn *dead;
-	struct urdma_conn *zombies;
-	uint32_t nconns;
+	/* connections, and lists of some of them */
+	struct list_head conns, timed, dirty, dead, zombies;
 	struct api_evq q;
 };
 
@@ -210,7 +206,12 @@ void api_conn_free(urdma_conn *c);
 void api_mark_dirty(urdma_conn *c);
 int api_post_send(urdma_conn *c, struct ibv_send_wr *wr, void *buf,
 		  void *user, uint8_t op, bool event, uint16_t slot);
-bool api_conn_usable(const urdma_conn *c);
+
+/* A failed call's errno as a negative value (EIO if it set none). */
+static inline int api_errno(void)
+{
+	return errno ? -errno : -EIO;
+}
 
 /* The context's lock, when it was made URDMA_CFG_THREADSAFE. */
 static inline void api_lock(urdma_ctx *ctx)

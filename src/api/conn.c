@@ -38,45 +38,23 @@
 
 #define RECV_TAG 1ull /* low bit of a receive's wr_id */
 
-static bool is_timed(urdma_conn *c)
+/* A deadline ms from now (the connect or the op timeout). */
+static void timed_in(urdma_conn *c, int ms)
 {
-	return c->timed;
-}
-
-static void timed_add(urdma_conn *c, uint64_t deadline)
-{
-	c->deadline_ns = deadline;
-	if (!is_timed(c)) {
-		c->tnext = c->ctx->timed;
-		c->ctx->timed = c;
-		c->timed = true;
-	}
+	c->deadline_ns = urdma_now_ns() + (uint64_t)ms * 1000000ull;
+	if (list_empty(&c->tnode))
+		list_add_tail(&c->tnode, &c->ctx->timed);
 }
 
 static void timed_del(urdma_conn *c)
 {
-	if (!is_timed(c))
-		return;
-	for (urdma_conn **p = &c->ctx->timed; *p; p = &(*p)->tnext)
-		if (*p == c) {
-			*p = c->tnext;
-			break;
-		}
-	c->timed = false;
+	list_del(&c->tnode);
 }
 
 void api_mark_dirty(urdma_conn *c)
 {
-	if (!c->dirty) {
-		c->dirty = true;
-		c->dnext = c->ctx->dirty;
-		c->ctx->dirty = c;
-	}
-}
-
-bool api_conn_usable(const urdma_conn *c)
-{
-	return c->state == ST_OPEN;
+	if (list_empty(&c->dnode))
+		list_add_tail(&c->dnode, &c->ctx->dirty);
 }
 
 static urdma_conn *conn_new(urdma_ctx *ctx, void *user)
@@ -94,11 +72,10 @@ static urdma_conn *conn_new(urdma_ctx *ctx, void *user)
 	}
 	c->ctx = ctx;
 	c->user = user;
-	c->next = ctx->conns;
-	if (ctx->conns)
-		ctx->conns->prev = c;
-	ctx->conns = c;
-	ctx->nconns++;
+	list_init(&c->tnode);
+	list_init(&c->dnode);
+	list_init(&c->rnode);
+	list_add_tail(&c->node, &ctx->conns);
 	return c;
 }
 
@@ -210,7 +187,7 @@ static int post_recv(urdma_conn *c, struct api_rrec *r)
 	}, *bad;
 
 	if (ibv_post_recv(c->qp, &wr, &bad))
-		return -errno ? -errno : -EIO;
+		return api_errno();
 	c->rq_posted++;
 	return 0;
 }
@@ -273,7 +250,7 @@ static int qp_setup(urdma_conn *c, struct rdma_cm_id *id)
 	rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &to,
 			sizeof(to));
 	if (rdma_create_qp(id, ctx->pd, &a)) {
-		ret = -errno ? -errno : -EIO;
+		ret = api_errno();
 		api_cq_grow(ctx, -(int)(depth * 3 + 2));
 		return ret;
 	}
@@ -339,7 +316,7 @@ int api_post_send(urdma_conn *c, struct ibv_send_wr *wr, void *buf,
 	*r = (struct api_srec){ .buf = buf, .user = user, .op = op,
 				.event = event, .slot = slot, .conn = c };
 	if (ibv_post_send(c->qp, wr, &bad))
-		return -errno ? -errno : -EIO;
+		return api_errno();
 	c->sq_head++;
 	return 0;
 }
@@ -509,12 +486,10 @@ static void flush(urdma_conn *c)
 
 void api_flush_dirty(urdma_ctx *ctx)
 {
-	while (ctx->dirty) {
-		urdma_conn *c = ctx->dirty;
+	while (!list_empty(&ctx->dirty)) {
+		urdma_conn *c = list_entry(ctx->dirty.next, urdma_conn, dnode);
 
-		ctx->dirty = c->dnext;
-		c->dirty = false;
-		c->dnext = NULL;
+		list_del(&c->dnode);
 		flush(c);
 	}
 }
@@ -571,8 +546,7 @@ static void conn_disconnect(urdma_conn *c)
 		c->sdrain = !ibv_post_send(c->qp, &sw, &sbad);
 	}
 	/* A provider that refuses WRs in ERR: give it the op timeout. */
-	timed_add(c, urdma_now_ns() +
-			     (uint64_t)c->ctx->cfg.op_timeout_ms * 1000000ull);
+	timed_in(c, c->ctx->cfg.op_timeout_ms);
 	drain_check(c);
 }
 
@@ -591,12 +565,9 @@ void api_conn_free(urdma_conn *c)
 	urdma_ctx *ctx = c->ctx;
 
 	timed_del(c);
-	if (c->dirty)
-		for (urdma_conn **p = &ctx->dirty; *p; p = &(*p)->dnext)
-			if (*p == c) {
-				*p = c->dnext;
-				break;
-			}
+	list_del(&c->dnode);
+	list_del(&c->rnode);
+	list_del(&c->node);
 	if (c->qp) {
 		rdma_destroy_qp(c->id);
 		api_cq_grow(ctx, -(int)(ctx->cfg.queue_depth * 3 + 2));
@@ -619,18 +590,10 @@ void api_conn_free(urdma_conn *c)
 		api_buf_put(ctx, c->pend[c->pend_tail & (c->pend_cap - 1)].buf);
 	if (c->aslots)
 		api_buf_put(ctx, c->aslots);
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		ctx->conns = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
-	ctx->nconns--;
 	free(c->pend);
 	if (keep) {
 		c->state = ST_ZOMBIE;
-		c->next = ctx->zombies;
-		ctx->zombies = c;
+		list_add_tail(&c->node, &ctx->zombies);
 		return; /* srec and rrec stay too (ctx.c frees them) */
 	}
 	free(c->srec);
@@ -640,14 +603,8 @@ void api_conn_free(urdma_conn *c)
 
 void api_reap(urdma_ctx *ctx)
 {
-	while (ctx->dead) {
-		urdma_conn *c = ctx->dead;
-
-		ctx->dead = c->dnext;
-		c->dnext = NULL;
-		c->dirty = false;
-		api_conn_free(c);
-	}
+	while (!list_empty(&ctx->dead))
+		api_conn_free(list_entry(ctx->dead.next, urdma_conn, rnode));
 }
 
 API_EXPORT void urdma_close(urdma_conn *c)
@@ -671,8 +628,7 @@ API_EXPORT void urdma_close(urdma_conn *c)
 		break;
 	case ST_OPEN:
 		c->state = ST_CLOSING;
-		timed_add(c, urdma_now_ns() +
-				     (uint64_t)ctx->cfg.op_timeout_ms * 1000000ull);
+		timed_in(c, ctx->cfg.op_timeout_ms);
 		api_mark_dirty(c);
 		api_kick(ctx);
 		break;
@@ -689,10 +645,9 @@ out:
 
 void api_expire(urdma_ctx *ctx, uint64_t now)
 {
-	urdma_conn *c = ctx->timed, *n;
+	urdma_conn *c, *n;
 
-	for (; c; c = n) {
-		n = c->tnext;
+	list_for_each_entry_safe(c, n, &ctx->timed, tnode) {
 		if (c->deadline_ns > now)
 			continue;
 		timed_del(c);
@@ -716,8 +671,11 @@ void api_expire(urdma_ctx *ctx, uint64_t now)
 
 /* ---- listening and connecting ---- */
 
-API_EXPORT urdma_conn *urdma_listen(urdma_ctx *ctx, const char *hostport,
-				    const void *hello, size_t len, void *user)
+/* A listener (passive) or an outgoing connection, on its way: the id
+ * listens, or resolves the address (the CM events take it from there). */
+static urdma_conn *conn_open(urdma_ctx *ctx, const char *hostport,
+			     const void *hello, size_t len, void *user,
+			     bool passive)
 {
 	struct addrinfo *ai = NULL;
 	struct rdma_cm_id *id = NULL;
@@ -734,19 +692,26 @@ API_EXPORT urdma_conn *urdma_listen(urdma_ctx *ctx, const char *hostport,
 		ret = -ENOMEM;
 		goto fail;
 	}
-	c->state = ST_LISTEN;
+	c->state = passive ? ST_LISTEN : ST_RESOLVING;
 	ret = set_hello(c, hello, len);
 	if (!ret)
-		ret = resolve(hostport, true, &ai);
+		ret = resolve(hostport, passive, &ai);
 	if (ret)
 		goto fail;
 	if (rdma_create_id(ctx->cm, &id, c, RDMA_PS_TCP) ||
-	    rdma_bind_addr(id, ai->ai_addr) || rdma_listen(id, 1024)) {
-		ret = -errno ? -errno : -EIO;
+	    (passive ? rdma_bind_addr(id, ai->ai_addr) ||
+			       rdma_listen(id, 1024) :
+		       rdma_resolve_addr(id, NULL, ai->ai_addr,
+					 ctx->cfg.connect_timeout_ms))) {
+		ret = api_errno();
 		goto fail;
 	}
 	c->id = id;
 	freeaddrinfo(ai);
+	if (!passive) {
+		timed_in(c, ctx->cfg.connect_timeout_ms);
+		api_timer_update(ctx);
+	}
 	api_unlock(ctx);
 	return c;
 fail:
@@ -757,59 +722,22 @@ fail:
 	if (c)
 		api_conn_free(c);
 	api_unlock(ctx);
-	urdma_info("%s: %s", hostport ? hostport : "(null)",
-		strerror(-ret));
+	urdma_info("%s %s: %s", passive ? "listen on" : "connect to",
+		   hostport ? hostport : "(null)", strerror(-ret));
 	errno = -ret;
 	return NULL;
+}
+
+API_EXPORT urdma_conn *urdma_listen(urdma_ctx *ctx, const char *hostport,
+				    const void *hello, size_t len, void *user)
+{
+	return conn_open(ctx, hostport, hello, len, user, true);
 }
 
 API_EXPORT urdma_conn *urdma_connect(urdma_ctx *ctx, const char *hostport,
 				     const void *hello, size_t len, void *user)
 {
-	struct addrinfo *ai = NULL;
-	struct rdma_cm_id *id = NULL;
-	urdma_conn *c;
-	int ret;
-
-	if (!ctx) {
-		errno = EINVAL;
-		return NULL;
-	}
-	api_lock(ctx);
-	c = conn_new(ctx, user);
-	if (!c) {
-		ret = -ENOMEM;
-		goto fail;
-	}
-	c->state = ST_RESOLVING;
-	ret = set_hello(c, hello, len);
-	if (!ret)
-		ret = resolve(hostport, false, &ai);
-	if (ret)
-		goto fail;
-	if (rdma_create_id(ctx->cm, &id, c, RDMA_PS_TCP) ||
-	    rdma_resolve_addr(id, NULL, ai->ai_addr,
-			      ctx->cfg.connect_timeout_ms)) {
-		ret = -errno ? -errno : -EIO;
-		goto fail;
-	}
-	c->id = id;
-	freeaddrinfo(ai);
-	timed_add(c, urdma_now_ns() +
-			     (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull);
-	api_timer_update(ctx);
-	api_unlock(ctx);
-	return c;
-fail:
-	if (id)
-		rdma_destroy_id(id);
-	if (ai)
-		freeaddrinfo(ai);
-	if (c)
-		api_conn_free(c);
-	api_unlock(ctx);
-	errno = -ret;
-	return NULL;
+	return conn_open(ctx, hostport, hello, len, user, false);
 }
 
 API_EXPORT void urdma_set_user(urdma_conn *c, void *user)
@@ -860,8 +788,7 @@ static void on_request(urdma_conn *lis, struct rdma_cm_event *ev)
 		api_conn_free(c);
 		return;
 	}
-	timed_add(c, urdma_now_ns() +
-			     (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull);
+	timed_in(c, ctx->cfg.connect_timeout_ms);
 	api_push(ctx, URDMA_EV_ACCEPTED, 0, c, c->user, c->peer_hello,
 		 c->peer_hello_len, 0);
 	api_kick(ctx); /* the next urdma_poll accepts it */
@@ -869,7 +796,9 @@ static void on_request(urdma_conn *lis, struct rdma_cm_event *ev)
 
 void api_accept_pending(urdma_ctx *ctx)
 {
-	for (urdma_conn *c = ctx->timed; c; c = c->tnext) {
+	urdma_conn *c;
+
+	list_for_each_entry(c, &ctx->timed, tnode) {
 		struct rdma_conn_param p;
 		uint8_t pd[sizeof(struct api_hello) + URDMA_HELLO_MAX];
 
@@ -877,7 +806,7 @@ void api_accept_pending(urdma_ctx *ctx)
 			continue;
 		conn_params(c, &p, pd);
 		if (rdma_accept(c->id, &p)) {
-			api_conn_fail(c, -errno ? -errno : -EIO);
+			api_conn_fail(c, api_errno());
 			/* the timed list changed under us: look again */
 			api_accept_pending(ctx);
 			return;
@@ -921,14 +850,14 @@ static void on_event(urdma_ctx *ctx, struct rdma_cm_event *ev)
 	switch (ev->event) {
 	case RDMA_CM_EVENT_ADDR_RESOLVED:
 		if (rdma_resolve_route(c->id, ctx->cfg.connect_timeout_ms))
-			api_conn_fail(c, -errno ? -errno : -EIO);
+			api_conn_fail(c, api_errno());
 		break;
 	case RDMA_CM_EVENT_ROUTE_RESOLVED:
 		ret = qp_setup(c, c->id);
 		if (!ret) {
 			conn_params(c, &p, pd);
 			if (rdma_connect(c->id, &p))
-				ret = -errno ? -errno : -EIO;
+				ret = api_errno();
 		}
 		if (ret)
 			api_conn_fail(c, ret);

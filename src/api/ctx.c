@@ -112,6 +112,11 @@ API_EXPORT urdma_ctx *urdma_ctx_create(const urdma_cfg *cfg)
 		return NULL;
 	}
 	ctx->threadsafe = ctx->cfg.flags & URDMA_CFG_THREADSAFE;
+	list_init(&ctx->conns);
+	list_init(&ctx->timed);
+	list_init(&ctx->dirty);
+	list_init(&ctx->dead);
+	list_init(&ctx->zombies);
 	pthread_mutex_init(&ctx->lock, NULL);
 	ctx->epfd = ctx->evfd = ctx->tfd = -1;
 	ctx->verbs = pick_device(ctx, ctx->cfg.device);
@@ -161,18 +166,18 @@ API_EXPORT void urdma_ctx_destroy(urdma_ctx *ctx)
 {
 	if (!ctx)
 		return;
-	while (ctx->conns)
-		api_conn_free(ctx->conns);
+	while (!list_empty(&ctx->conns))
+		api_conn_free(list_entry(ctx->conns.next, urdma_conn, node));
 	if (ctx->cq) {
 		if (ctx->cq_events)
 			ibv_ack_cq_events(ctx->cq, ctx->cq_events);
 		ibv_destroy_cq(ctx->cq);
 		ctx->cq = NULL;
 	}
-	while (ctx->zombies) {
-		urdma_conn *z = ctx->zombies;
+	while (!list_empty(&ctx->zombies)) {
+		urdma_conn *z = list_entry(ctx->zombies.next, urdma_conn, node);
 
-		ctx->zombies = z->next;
+		list_del(&z->node);
 		free(z->srec);
 		free(z->rrec);
 		free(z);
@@ -236,10 +241,8 @@ static void popped(urdma_ctx *ctx, const urdma_event *ev)
 	urdma_conn *c = ev->conn;
 
 	/* The handle stays valid until the next urdma_poll. */
-	if (ev->type == URDMA_EV_CLOSED && c && c->state == ST_DEAD) {
-		c->dnext = ctx->dead;
-		ctx->dead = c;
-	}
+	if (ev->type == URDMA_EV_CLOSED && c && c->state == ST_DEAD)
+		list_add_tail(&c->rnode, &ctx->dead);
 }
 
 void api_kick(urdma_ctx *ctx)
@@ -275,7 +278,7 @@ int api_cq_grow(urdma_ctx *ctx, int more)
 		size = size * 2 > ctx->dattr.max_cqe ? ctx->dattr.max_cqe :
 						       size * 2;
 	if (ibv_resize_cq(ctx->cq, size))
-		return -errno ? -errno : -ENOBUFS;
+		return api_errno();
 	ctx->cq_size = size;
 	ctx->cq_need = need;
 	return 0;
@@ -341,7 +344,9 @@ void api_timer_update(urdma_ctx *ctx)
 	uint64_t first = UINT64_MAX;
 	struct itimerspec its = { 0 };
 
-	for (urdma_conn *c = ctx->timed; c; c = c->tnext)
+	urdma_conn *c;
+
+	list_for_each_entry(c, &ctx->timed, tnode)
 		if (c->deadline_ns < first)
 			first = c->deadline_ns;
 	if (first != UINT64_MAX) {
@@ -361,7 +366,7 @@ static void progress(urdma_ctx *ctx)
 	bool more;
 
 	unkick(ctx);
-	if (read(ctx->tfd, &v, sizeof(v)) > 0 || ctx->timed)
+	if (read(ctx->tfd, &v, sizeof(v)) > 0 || !list_empty(&ctx->timed))
 		api_expire(ctx, urdma_now_ns());
 	api_accept_pending(ctx);
 	api_cm_events(ctx);

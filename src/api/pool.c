@@ -155,7 +155,9 @@ API_EXPORT void urdma_buf_free(urdma_ctx *ctx, void *buf)
 	if (api_is_buf(ctx, buf)) {
 		api_buf_put(ctx, buf);
 		/* connections short of receive buffers take it */
-		for (urdma_conn *c = ctx->conns; c; c = c->next)
+		urdma_conn *c;
+
+		list_for_each_entry(c, &ctx->conns, node)
 			if (c->qp && c->rq_posted < c->rq_size &&
 			    c->state <= ST_CLOSING)
 				api_mark_dirty(c);
