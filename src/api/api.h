@@ -51,7 +51,13 @@ struct api_hello {
 struct api_slab {
 	struct api_slab *next;
 	uint8_t *base;
+	size_t bytes;
 	struct ibv_mr *mr;
+};
+
+struct api_buf {
+	void *p;
+	uint32_t lkey;
 };
 
 struct urdma_mem {
@@ -92,12 +98,13 @@ struct api_srec {
 struct api_rrec {
 	urdma_conn *conn;
 	void *buf;
+	uint32_t lkey;
 };
 
 /* A message waiting for credits or send-queue room. */
 struct api_pending {
 	void *buf; /* a pool buffer */
-	uint32_t len;
+	uint32_t len, lkey;
 	bool copy; /* ours (a copy), not lent by the application */
 	void *user;
 };
@@ -108,6 +115,7 @@ struct urdma_conn {
 	struct list_head tnode; /* ctx->timed: has a deadline */
 	struct list_head dnode; /* ctx->dirty: credits or queue to flush */
 	struct list_head rnode; /* ctx->dead: CLOSED handed out */
+	struct list_head snode; /* ctx->starved: receives short of buffers */
 	struct rdma_cm_id *id;
 	struct ibv_qp *qp;
 	enum api_state state;
@@ -138,7 +146,7 @@ struct urdma_conn {
 	uint32_t rq_size, rq_posted;
 	/* atomics: 8-byte results in one pool buffer */
 	uint64_t *aslots;
-	uint32_t aslot_n, aslot_next, aslot_busy;
+	uint32_t aslot_n, aslot_next, aslot_busy, aslot_lkey;
 	/* a drain WR posted in each queue when disconnected (the send
 	 * queue has one slot more than sq_size for it) */
 	bool sdrain, rdrain;
@@ -165,14 +173,16 @@ struct urdma_ctx {
 	uint32_t cq_events; /* to acknowledge */
 	struct rdma_event_channel *cm;
 	int epfd, evfd, tfd;
+	uint64_t timer_ns; /* what tfd is armed for; 0: nothing */
 	bool kicked;
+	bool in_progress; /* events pushed now are taken before returning */
 	/* pool */
 	struct api_slab *slabs;
-	void **free_bufs;
+	struct api_buf *free_bufs;
 	uint32_t nfree, nbufs;
 	struct urdma_mem *mems, *last_mem;
 	/* connections, and lists of some of them */
-	struct list_head conns, timed, dirty, dead, zombies;
+	struct list_head conns, timed, dirty, dead, zombies, starved;
 	struct api_evq q;
 };
 
@@ -187,9 +197,11 @@ int api_wc_errno(enum ibv_wc_status st);
 /* pool.c */
 int api_pool_init(urdma_ctx *ctx);
 void api_pool_fini(urdma_ctx *ctx);
-void *api_buf_get(urdma_ctx *ctx);
+/* A free buffer and its lkey (NULL if none and the pool is full). */
+void *api_buf_get(urdma_ctx *ctx, uint32_t *lkey);
 void api_buf_put(urdma_ctx *ctx, void *buf);
-bool api_is_buf(urdma_ctx *ctx, const void *p);
+/* The lkey of the pool buffer that starts at p, or -1. */
+int64_t api_buf_lkey(urdma_ctx *ctx, const void *p);
 /* The lkey of [p, p+len) (pool or registered region), or -EFAULT; write:
  * the memory must be writable by the device. */
 int64_t api_lkey(urdma_ctx *ctx, const void *p, size_t len, bool write);

@@ -75,6 +75,7 @@ static urdma_conn *conn_new(urdma_ctx *ctx, void *user)
 	list_init(&c->tnode);
 	list_init(&c->dnode);
 	list_init(&c->rnode);
+	list_init(&c->snode);
 	list_add_tail(&c->node, &ctx->conns);
 	return c;
 }
@@ -178,7 +179,7 @@ static int post_recv(urdma_conn *c, struct api_rrec *r)
 	struct ibv_sge sge = {
 		.addr = (uintptr_t)r->buf,
 		.length = c->ctx->cfg.buf_size,
-		.lkey = (uint32_t)api_lkey(c->ctx, r->buf, 1, true),
+		.lkey = r->lkey,
 	};
 	struct ibv_recv_wr wr = {
 		.wr_id = (uintptr_t)r | RECV_TAG,
@@ -192,24 +193,31 @@ static int post_recv(urdma_conn *c, struct api_rrec *r)
 	return 0;
 }
 
-/* Give every receive slot without a buffer one (as the pool allows). */
+/* Post receive r with a fresh pool buffer: a credit to grant.  With the
+ * pool empty the connection waits for a buffer to come back (starved). */
+static bool recv_fill(urdma_conn *c, struct api_rrec *r)
+{
+	r->buf = api_buf_get(c->ctx, &r->lkey);
+	if (!r->buf) {
+		if (list_empty(&c->snode))
+			list_add_tail(&c->snode, &c->ctx->starved);
+		return false;
+	}
+	if (post_recv(c, r)) {
+		api_buf_put(c->ctx, r->buf);
+		r->buf = NULL;
+		return false;
+	}
+	c->owed++;
+	return true;
+}
+
+/* Every receive slot without a buffer (set-up, or starved before). */
 static void refill(urdma_conn *c)
 {
-	for (uint32_t i = 0; i < c->rq_size && c->rq_posted < c->rq_size; i++) {
-		struct api_rrec *r = &c->rrec[i];
-
-		if (r->buf)
-			continue;
-		r->buf = api_buf_get(c->ctx);
-		if (!r->buf)
+	for (uint32_t i = 0; i < c->rq_size && c->rq_posted < c->rq_size; i++)
+		if (!c->rrec[i].buf && !recv_fill(c, &c->rrec[i]))
 			return;
-		if (post_recv(c, r)) {
-			api_buf_put(c->ctx, r->buf);
-			r->buf = NULL;
-			return;
-		}
-		c->owed++;
-	}
 }
 
 static uint8_t ack_timeout(int op_ms)
@@ -321,10 +329,12 @@ int api_post_send(urdma_conn *c, struct ibv_send_wr *wr, void *buf,
 	return 0;
 }
 
-/* A SEND WITH IMMEDIATE of [buf, len): the credits we owe go with it. */
-static int send_msg(urdma_conn *c, void *buf, uint32_t len, bool lent,
+/* A SEND WITH IMMEDIATE of [buf, len), from a pool buffer (lkey; given
+ * back when done) or inline (lkey < 0): the credits we owe go with it. */
+static int send_msg(urdma_conn *c, void *buf, uint32_t len, int64_t lkey,
 		    void *user, uint32_t flags)
 {
+	bool lent = lkey >= 0;
 	uint32_t grant = c->owed > API_IMM_CREDITS ? API_IMM_CREDITS : c->owed;
 	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = len };
 	struct ibv_send_wr wr = {
@@ -336,7 +346,7 @@ static int send_msg(urdma_conn *c, void *buf, uint32_t len, bool lent,
 	int ret;
 
 	if (lent)
-		sge.lkey = (uint32_t)api_lkey(c->ctx, buf, len, false);
+		sge.lkey = (uint32_t)lkey;
 	else
 		wr.send_flags = IBV_SEND_INLINE;
 	ret = api_post_send(c, &wr, lent ? buf : NULL, user,
@@ -383,8 +393,10 @@ API_EXPORT int urdma_send(urdma_conn *c, const void *buf, size_t len,
 			  void *user)
 {
 	urdma_ctx *ctx;
+	uint32_t lkey;
+	int64_t lent;
 	void *copy;
-	bool lent;
+	bool now;
 	int ret = 0;
 
 	if (!c || (len && !buf))
@@ -407,35 +419,47 @@ API_EXPORT int urdma_send(urdma_conn *c, const void *buf, size_t len,
 		ret = -EMSGSIZE;
 		goto out;
 	}
-	lent = len && api_is_buf(ctx, buf);
-	if (!pending(c) && can_send_data(c) &&
-	    (lent || len <= ctx->cfg.inline_max)) {
+	lent = len ? api_buf_lkey(ctx, buf) : -1; /* a pool buffer: lent */
+	now = !pending(c) && can_send_data(c);
+	if (now && (lent >= 0 || len <= ctx->cfg.inline_max)) {
 		ret = send_msg(c, (void *)buf, (uint32_t)len, lent, user, 0);
-		goto out;
-	}
-	if (pending(c) == c->pend_cap && pend_grow(c)) {
-		ret = -ENOMEM;
 		goto out;
 	}
 	/* Copies wait up to queue_depth: the rest of the pool stays for
 	 * receives, or two sides that flood each other would fill their
 	 * pools with sends and grant no credit ever again. */
-	copy = lent ? (void *)buf :
-	       c->pend_copies < ctx->cfg.queue_depth ? api_buf_get(ctx) :
-						       NULL;
-	if (!copy) {
-		c->want_writable = true;
-		ret = -EAGAIN;
+	if (lent >= 0) {
+		copy = (void *)buf;
+		lkey = (uint32_t)lent;
+	} else {
+		copy = now || c->pend_copies < ctx->cfg.queue_depth ?
+			       api_buf_get(ctx, &lkey) :
+			       NULL;
+		if (!copy) {
+			c->want_writable = true;
+			ret = -EAGAIN;
+			goto out;
+		}
+		memcpy(copy, buf, len);
+	}
+	if (now) {
+		ret = send_msg(c, copy, (uint32_t)len, lkey, user, 0);
+		if (ret && lent < 0)
+			api_buf_put(ctx, copy);
 		goto out;
 	}
-	if (!lent)
-		memcpy(copy, buf, len);
-	c->pend[c->pend_head++ & (c->pend_cap - 1)] =
-		(struct api_pending){ .buf = copy, .len = (uint32_t)len,
-				      .user = user, .copy = !lent };
-	c->pend_copies += !lent;
-	api_mark_dirty(c);
-	api_kick(ctx); /* urdma_poll sends it as soon as it may */
+	if (pending(c) == c->pend_cap && pend_grow(c)) {
+		if (lent < 0)
+			api_buf_put(ctx, copy);
+		ret = -ENOMEM;
+		goto out;
+	}
+	/* It goes when what it waits for (credits, send-queue room, the
+	 * connection) comes: that marks the connection dirty. */
+	c->pend[c->pend_head++ & (c->pend_cap - 1)] = (struct api_pending){
+		.buf = copy, .len = (uint32_t)len, .lkey = lkey, .user = user,
+		.copy = lent < 0 };
+	c->pend_copies += lent < 0;
 out:
 	api_unlock(ctx);
 	return ret;
@@ -459,7 +483,7 @@ static void flush(urdma_conn *c)
 		struct api_pending *p =
 			&c->pend[c->pend_tail & (c->pend_cap - 1)];
 
-		if (send_msg(c, p->buf, p->len, true, p->user, 0)) {
+		if (send_msg(c, p->buf, p->len, p->lkey, p->user, 0)) {
 			api_conn_fail(c, -EIO);
 			return;
 		}
@@ -474,13 +498,13 @@ static void flush(urdma_conn *c)
 	}
 	if (c->state == ST_CLOSING && !pending(c) && !c->bye_sent) {
 		if (c->credits >= 1 && sq_used(c) < c->sq_size &&
-		    send_msg(c, NULL, 0, false, NULL, API_IMM_BYE))
+		    send_msg(c, NULL, 0, -1, NULL, API_IMM_BYE))
 			conn_disconnect(c);
 		return;
 	}
 	if (c->owed && c->owed >= c->rq_size / 2 && c->credits >= 1 &&
 	    sq_used(c) < c->sq_size && !c->bye_sent &&
-	    send_msg(c, NULL, 0, false, NULL, API_IMM_UPDATE))
+	    send_msg(c, NULL, 0, -1, NULL, API_IMM_UPDATE))
 		api_conn_fail(c, -EIO);
 }
 
@@ -567,6 +591,7 @@ void api_conn_free(urdma_conn *c)
 	timed_del(c);
 	list_del(&c->dnode);
 	list_del(&c->rnode);
+	list_del(&c->snode);
 	list_del(&c->node);
 	if (c->qp) {
 		rdma_destroy_qp(c->id);
@@ -629,8 +654,8 @@ API_EXPORT void urdma_close(urdma_conn *c)
 	case ST_OPEN:
 		c->state = ST_CLOSING;
 		timed_in(c, ctx->cfg.op_timeout_ms);
-		api_mark_dirty(c);
-		api_kick(ctx);
+		api_timer_update(ctx);
+		flush(c); /* what is queued, then the goodbye */
 		break;
 	case ST_ACCEPTING:
 		rdma_reject(c->id, NULL, 0);
@@ -966,9 +991,10 @@ static void on_recv(urdma_ctx *ctx, struct api_rrec *r, const struct ibv_wc *wc)
 	} else {
 		api_push(ctx, URDMA_EV_RECV, 0, c, c->user, r->buf,
 			 wc->byte_len, 0);
-		r->buf = NULL;
 		if (c->state <= ST_CLOSING)
-			refill(c);
+			recv_fill(c, r); /* the old buffer is the application's */
+		else
+			r->buf = NULL;
 	}
 	api_mark_dirty(c);
 }

@@ -58,7 +58,7 @@ static int cfg_check(urdma_cfg *c)
 	 * goes when half the depth is owed; below 4 that could ping-pong. */
 	if (c->queue_depth < 4 || c->queue_depth > 8192 ||
 	    c->buf_size < 64 || c->buf_size > (1u << 30) ||
-	    c->inline_max > c->buf_size || c->buf_count < API_SLAB_BUFS / 16)
+	    c->inline_max > c->buf_size || c->buf_count < c->queue_depth)
 		return -EINVAL;
 	c->buf_size = (c->buf_size + 63) & ~63u;
 	return 0;
@@ -117,6 +117,7 @@ API_EXPORT urdma_ctx *urdma_ctx_create(const urdma_cfg *cfg)
 	list_init(&ctx->dirty);
 	list_init(&ctx->dead);
 	list_init(&ctx->zombies);
+	list_init(&ctx->starved);
 	pthread_mutex_init(&ctx->lock, NULL);
 	ctx->epfd = ctx->evfd = ctx->tfd = -1;
 	ctx->verbs = pick_device(ctx, ctx->cfg.device);
@@ -232,6 +233,10 @@ int api_push(urdma_ctx *ctx, int type, int status, urdma_conn *c, void *user,
 		.type = type, .status = status, .conn = c, .user = user,
 		.buf = buf, .len = len, .value = value,
 	};
+	/* Outside urdma_poll (a call that failed a connection, closed a
+	 * listener): the fd must say there is something to take. */
+	if (!ctx->in_progress)
+		api_kick(ctx);
 	return 0;
 }
 
@@ -323,54 +328,76 @@ static bool cq_drain(urdma_ctx *ctx)
 	return n == CQ_BATCH;
 }
 
-static void cq_events(urdma_ctx *ctx)
+/* The channel fired: one event per arm. */
+static void cq_event(urdma_ctx *ctx)
 {
 	struct ibv_cq *cq;
 	void *cq_ctx;
 
-	while (!ibv_get_cq_event(ctx->cch, &cq, &cq_ctx)) {
-		ctx->armed = false;
-		if (++ctx->cq_events >= 64) {
-			ibv_ack_cq_events(ctx->cq, ctx->cq_events);
-			ctx->cq_events = 0;
-		}
+	if (ibv_get_cq_event(ctx->cch, &cq, &cq_ctx))
+		return;
+	ctx->armed = false;
+	if (++ctx->cq_events >= 64) {
+		ibv_ack_cq_events(ctx->cq, ctx->cq_events);
+		ctx->cq_events = 0;
 	}
 }
 
 /* ---- deadlines ---- */
 
+/* Arm the timer for the first deadline, if that is not what it is set
+ * for already (0: not set). */
 void api_timer_update(urdma_ctx *ctx)
 {
-	uint64_t first = UINT64_MAX;
+	uint64_t first = 0;
 	struct itimerspec its = { 0 };
-
 	urdma_conn *c;
 
 	list_for_each_entry(c, &ctx->timed, tnode)
-		if (c->deadline_ns < first)
+		if (!first || c->deadline_ns < first)
 			first = c->deadline_ns;
-	if (first != UINT64_MAX) {
-		its.it_value.tv_sec = (time_t)(first / 1000000000ull);
-		its.it_value.tv_nsec = (long)(first % 1000000000ull);
-		if (!its.it_value.tv_sec && !its.it_value.tv_nsec)
-			its.it_value.tv_nsec = 1;
-	}
+	if (first == ctx->timer_ns)
+		return;
+	its.it_value.tv_sec = (time_t)(first / 1000000000ull);
+	its.it_value.tv_nsec = (long)(first % 1000000000ull);
 	timerfd_settime(ctx->tfd, TFD_TIMER_ABSTIME, &its, NULL);
+	ctx->timer_ns = first;
 }
 
 /* ---- progress ---- */
 
+/*
+ * Everything there is to do.  One epoll_wait says which of the fd's
+ * sources have something; only those are read (a system call each), the
+ * CQ is polled in memory.
+ */
 static void progress(urdma_ctx *ctx)
 {
+	struct epoll_event ready[4];
 	uint64_t v;
 	bool more;
+	int n;
 
-	unkick(ctx);
-	if (read(ctx->tfd, &v, sizeof(v)) > 0 || !list_empty(&ctx->timed))
-		api_expire(ctx, urdma_now_ns());
+	ctx->in_progress = true;
+	/* requests the application saw in the last urdma_poll, and did not
+	 * close, are accepted first */
 	api_accept_pending(ctx);
-	api_cm_events(ctx);
-	cq_events(ctx);
+	n = epoll_wait(ctx->epfd, ready, 4, 0);
+	for (int i = 0; i < n; i++) {
+		int fd = ready[i].data.fd;
+
+		if (fd == ctx->evfd) {
+			unkick(ctx);
+		} else if (fd == ctx->tfd) {
+			if (read(ctx->tfd, &v, sizeof(v)) > 0)
+				ctx->timer_ns = 0; /* fired: disarmed */
+			api_expire(ctx, urdma_now_ns());
+		} else if (fd == ctx->cm->fd) {
+			api_cm_events(ctx);
+		} else if (fd == ctx->cch->fd) {
+			cq_event(ctx);
+		}
+	}
 	more = cq_drain(ctx);
 	api_flush_dirty(ctx);
 	if (!more && !ctx->armed) {
@@ -384,6 +411,7 @@ static void progress(urdma_ctx *ctx)
 	if (more)
 		api_kick(ctx);
 	api_timer_update(ctx);
+	ctx->in_progress = false;
 }
 
 static int take(urdma_ctx *ctx, urdma_event *ev, int max)

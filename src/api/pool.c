@@ -2,9 +2,11 @@
 /*
  * liburdma: the message buffer pool and registered regions.
  *
- * The pool is slabs of API_SLAB_BUFS buffers of buf_size bytes, each slab
- * one memory region, added as connections need buffers, up to buf_count
- * buffers.  Free buffers are a stack.  A buffer belongs to the library
+ * The pool is slabs of buffers of buf_size bytes, each slab one memory
+ * region, added as connections need buffers, up to buf_count buffers; a
+ * slab is as large as all before it (the first API_SLAB_BUFS), so there
+ * are few to search.  Free buffers are a stack of (buffer, lkey).  A
+ * buffer returned while a connection lacks receives goes to it (starved).  A buffer belongs to the library
  * (posted as a receive, or queued or posted as a send) or to the
  * application (urdma_buf_alloc, or a RECV event) until it gives it back
  * (urdma_buf_free) or sends it (urdma_send lends it, zero-copy).
@@ -21,7 +23,7 @@
 
 int api_pool_init(urdma_ctx *ctx)
 {
-	ctx->free_bufs = calloc(ctx->cfg.buf_count, sizeof(void *));
+	ctx->free_bufs = calloc(ctx->cfg.buf_count, sizeof(*ctx->free_bufs));
 	return ctx->free_bufs ? 0 : -ENOMEM;
 }
 
@@ -32,7 +34,7 @@ void api_pool_fini(urdma_ctx *ctx)
 	for (s = ctx->slabs; s; s = n) {
 		n = s->next;
 		ibv_dereg_mr(s->mr);
-		munmap(s->base, (size_t)API_SLAB_BUFS * ctx->cfg.buf_size);
+		munmap(s->base, s->bytes);
 		free(s);
 	}
 	ctx->slabs = NULL;
@@ -42,11 +44,15 @@ void api_pool_fini(urdma_ctx *ctx)
 
 static int slab_add(urdma_ctx *ctx)
 {
-	size_t bytes = (size_t)API_SLAB_BUFS * ctx->cfg.buf_size;
+	uint32_t n = ctx->nbufs > API_SLAB_BUFS ? ctx->nbufs : API_SLAB_BUFS;
+	size_t bytes;
 	struct api_slab *s;
 
-	if (ctx->nbufs + API_SLAB_BUFS > ctx->cfg.buf_count)
+	if (n > ctx->cfg.buf_count - ctx->nbufs)
+		n = ctx->cfg.buf_count - ctx->nbufs;
+	if (!n)
 		return -ENOBUFS;
+	bytes = (size_t)n * ctx->cfg.buf_size;
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
@@ -64,44 +70,61 @@ static int slab_add(urdma_ctx *ctx)
 		free(s);
 		return err ? err : -ENOMEM;
 	}
+	s->bytes = bytes;
 	s->next = ctx->slabs;
 	ctx->slabs = s;
 	/* pushed in reverse, so that buffers go out in address order */
-	for (int i = API_SLAB_BUFS - 1; i >= 0; i--)
-		ctx->free_bufs[ctx->nfree++] =
-			s->base + (size_t)i * ctx->cfg.buf_size;
-	ctx->nbufs += API_SLAB_BUFS;
+	for (uint32_t i = n; i-- > 0;)
+		ctx->free_bufs[ctx->nfree++] = (struct api_buf){
+			s->base + (size_t)i * ctx->cfg.buf_size, s->mr->lkey };
+	ctx->nbufs += n;
 	return 0;
 }
 
-void *api_buf_get(urdma_ctx *ctx)
+void *api_buf_get(urdma_ctx *ctx, uint32_t *lkey)
 {
 	if (!ctx->nfree && slab_add(ctx))
 		return NULL;
-	return ctx->free_bufs[--ctx->nfree];
-}
-
-void api_buf_put(urdma_ctx *ctx, void *buf)
-{
-	ctx->free_bufs[ctx->nfree++] = buf;
+	ctx->nfree--;
+	if (lkey)
+		*lkey = ctx->free_bufs[ctx->nfree].lkey;
+	return ctx->free_bufs[ctx->nfree].p;
 }
 
 static struct api_slab *slab_of(urdma_ctx *ctx, const void *p)
 {
-	size_t bytes = (size_t)API_SLAB_BUFS * ctx->cfg.buf_size;
-
 	for (struct api_slab *s = ctx->slabs; s; s = s->next)
 		if ((const uint8_t *)p >= s->base &&
-		    (const uint8_t *)p < s->base + bytes)
+		    (const uint8_t *)p < s->base + s->bytes)
 			return s;
 	return NULL;
 }
 
-bool api_is_buf(urdma_ctx *ctx, const void *p)
+void api_buf_put(urdma_ctx *ctx, void *buf)
+{
+	ctx->free_bufs[ctx->nfree++] =
+		(struct api_buf){ buf, slab_of(ctx, buf)->mr->lkey };
+	if (!list_empty(&ctx->starved)) {
+		urdma_conn *c = list_entry(ctx->starved.next, urdma_conn, snode);
+
+		list_del(&c->snode);
+		api_mark_dirty(c); /* its flush refills its receives */
+	}
+}
+
+int64_t api_buf_lkey(urdma_ctx *ctx, const void *p)
 {
 	struct api_slab *s = slab_of(ctx, p);
 
-	return s && ((const uint8_t *)p - s->base) % ctx->cfg.buf_size == 0;
+	return s && ((const uint8_t *)p - s->base) % ctx->cfg.buf_size == 0 ?
+		       (int64_t)s->mr->lkey :
+		       -1;
+}
+
+static bool mem_holds(const struct urdma_mem *m, uint64_t a, size_t len)
+{
+	return m && a >= m->addr && a - m->addr <= m->len &&
+	       len <= m->len - (a - m->addr);
 }
 
 int64_t api_lkey(urdma_ctx *ctx, const void *p, size_t len, bool write)
@@ -117,12 +140,9 @@ int64_t api_lkey(urdma_ctx *ctx, const void *p, size_t len, bool write)
 		/* within one buffer: the rest may be another's */
 		return len <= end - off ? (int64_t)s->mr->lkey : -EFAULT;
 	}
-	if (!m || a < m->addr || a - m->addr > m->len ||
-	    len > m->len - (a - m->addr))
-		for (m = ctx->mems; m; m = m->next)
-			if (a >= m->addr && a - m->addr <= m->len &&
-			    len <= m->len - (a - m->addr))
-				break;
+	if (!mem_holds(m, a, len))
+		for (m = ctx->mems; m && !mem_holds(m, a, len); m = m->next)
+			;
 	if (!m)
 		return -EFAULT;
 	ctx->last_mem = m;
@@ -140,7 +160,7 @@ API_EXPORT void *urdma_buf_alloc(urdma_ctx *ctx)
 		return NULL;
 	}
 	api_lock(ctx);
-	b = api_buf_get(ctx);
+	b = api_buf_get(ctx, NULL);
 	api_unlock(ctx);
 	if (!b)
 		errno = ENOBUFS;
@@ -152,18 +172,10 @@ API_EXPORT void urdma_buf_free(urdma_ctx *ctx, void *buf)
 	if (!ctx || !buf)
 		return;
 	api_lock(ctx);
-	if (api_is_buf(ctx, buf)) {
+	if (api_buf_lkey(ctx, buf) >= 0)
 		api_buf_put(ctx, buf);
-		/* connections short of receive buffers take it */
-		urdma_conn *c;
-
-		list_for_each_entry(c, &ctx->conns, node)
-			if (c->qp && c->rq_posted < c->rq_size &&
-			    c->state <= ST_CLOSING)
-				api_mark_dirty(c);
-	} else {
+	else
 		urdma_info("%p is not a pool buffer", buf);
-	}
 	api_unlock(ctx);
 }
 

@@ -117,7 +117,7 @@ API_EXPORT int urdma_atomic(urdma_conn *c, int op, const urdma_rmem *rm,
 	}
 	if (!c->aslots) {
 		/* the results land in one pool buffer of the connection */
-		c->aslots = api_buf_get(ctx);
+		c->aslots = api_buf_get(ctx, &c->aslot_lkey);
 		if (!c->aslots) {
 			ret = -EAGAIN;
 			goto out;
@@ -133,7 +133,7 @@ API_EXPORT int urdma_atomic(urdma_conn *c, int op, const urdma_rmem *rm,
 	/* results come back in order: a ring */
 	slot = c->aslot_next++ % c->aslot_n;
 	sge.addr = (uintptr_t)&c->aslots[slot];
-	sge.lkey = (uint32_t)api_lkey(ctx, c->aslots, 8, true);
+	sge.lkey = c->aslot_lkey;
 	wr.opcode = op == URDMA_FADD ? IBV_WR_ATOMIC_FETCH_AND_ADD :
 				       IBV_WR_ATOMIC_CMP_AND_SWP;
 	wr.wr.atomic.remote_addr = rm->addr + off;
