@@ -44,6 +44,7 @@ static void cfg_errors(void *arg)
 		{ .inline_max = 9000, .buf_size = 4096 },
 		{ .flags = 0x80 },
 		{ .device = "no_such_device" },
+		{ .queue_depth = 8, .buf_count = 7 },
 	};
 	urdma_ctx *ctx;
 	char big[URDMA_HELLO_MAX + 1] = { 0 };
@@ -290,11 +291,12 @@ static void flow_side(urdma_ctx *ctx, urdma_conn *c, bool server)
 	      urdma_strerror(closed));
 }
 
+/* arg: the configuration of both sides (queue 4 and 256 B buffers if NULL) */
 static void flow_server(struct t_peer *p, void *arg)
 {
 	urdma_cfg cfg = { .queue_depth = 4, .buf_size = 256 };
 	urdma_conn *lis;
-	urdma_ctx *ctx = serve(p, &cfg, NULL, 0, &lis);
+	urdma_ctx *ctx = serve(p, arg ? arg : &cfg, NULL, 0, &lis);
 	urdma_event ev = expect(ctx, NULL, URDMA_EV_ACCEPTED);
 
 	flow_side(ctx, ev.conn, true);
@@ -304,11 +306,71 @@ static void flow_server(struct t_peer *p, void *arg)
 static void flow_client(struct t_peer *p, void *arg)
 {
 	urdma_cfg cfg = { .queue_depth = 4, .buf_size = 256 };
-	urdma_ctx *ctx = urdma_ctx_create(&cfg);
+	urdma_ctx *ctx = urdma_ctx_create(arg ? arg : &cfg);
 	urdma_conn *c = dial(p, ctx, NULL, 0);
 
 	expect(ctx, c, URDMA_EV_CONNECTED);
 	flow_side(ctx, c, false);
+	urdma_ctx_destroy(ctx);
+}
+
+/* ---- a receiver that keeps its buffers: its pool runs dry ---- */
+
+#define POOL 8
+#define HOLD_MSGS 200
+
+static void hold_server(struct t_peer *p, void *arg)
+{
+	urdma_cfg cfg = { .queue_depth = 4, .buf_size = 256, .buf_count = POOL };
+	urdma_conn *lis;
+	urdma_ctx *ctx = serve(p, &cfg, NULL, 0, &lis);
+	urdma_event ev = expect(ctx, NULL, URDMA_EV_ACCEPTED);
+	void *held[POOL];
+	uint32_t got = 0, v;
+
+	/* We keep every buffer: once the pool's 8 are ours, receives can't
+	 * be re-posted, no credit is granted and the sender stops. */
+	while (!urdma_wait(ctx, NULL, URDMA_EV_RECV, &ev, 300)) {
+		REQUIRE(ev.type == URDMA_EV_RECV, "event %d", ev.type);
+		REQUIRE(got < POOL, "more messages held than pool buffers");
+		memcpy(&v, ev.buf, 4);
+		REQUIRE(v == got, "message %u is %u", got, v);
+		held[got++] = ev.buf;
+	}
+	CHECK(got > 4, "the receives were re-posted while buffers lasted");
+	t_note("%u messages held when the pool ran dry", got);
+	/* buffers back: the starved receives get them, credits flow again */
+	for (uint32_t i = 0; i < got; i++)
+		urdma_buf_free(ctx, held[i]);
+	while (got < HOLD_MSGS) {
+		ev = expect(ctx, NULL, URDMA_EV_RECV);
+		memcpy(&v, ev.buf, 4);
+		REQUIRE(v == got, "message %u is %u", got, v);
+		urdma_buf_free(ctx, ev.buf);
+		got++;
+	}
+	t_barrier(p);
+	urdma_ctx_destroy(ctx);
+}
+
+static void hold_client(struct t_peer *p, void *arg)
+{
+	urdma_ctx *ctx = urdma_ctx_create(NULL);
+	urdma_conn *c = dial(p, ctx, NULL, 0);
+	uint32_t sent = 0;
+
+	expect(ctx, c, URDMA_EV_CONNECTED);
+	while (sent < HOLD_MSGS) {
+		urdma_event e[8];
+		int r = urdma_send(c, &sent, 4, NULL);
+
+		REQUIRE(r == 0 || r == -EAGAIN, "send: %s", urdma_strerror(r));
+		sent += r == 0;
+		urdma_poll(ctx, e, 8, r ? 100 : 0);
+	}
+	urdma_close(c); /* sends what is queued first */
+	CHECK(expect(ctx, c, URDMA_EV_CLOSED).status == 0, "closed in order");
+	t_barrier(p);
 	urdma_ctx_destroy(ctx);
 }
 
@@ -651,7 +713,6 @@ static void ts_client(struct t_peer *p, void *arg)
 	urdma_conn *c = dial(p, ctx, NULL, 0);
 	pthread_t th[TS_THREADS];
 	struct ts t[TS_THREADS];
-	bool done = false;
 
 	expect(ctx, c, URDMA_EV_CONNECTED);
 	for (int i = 0; i < TS_THREADS; i++) {
@@ -664,8 +725,6 @@ static void ts_client(struct t_peer *p, void *arg)
 		pthread_join(th[i], &r);
 		CHECK(!r, "sender %d failed", i);
 	}
-	done = true;
-	(void)done;
 	urdma_close(c); /* sends what is queued first */
 	CHECK(expect(ctx, c, URDMA_EV_CLOSED).status == 0, "closed in order");
 	urdma_ctx_destroy(ctx);
@@ -685,6 +744,10 @@ int main(int argc, char **argv)
 	t_case("cfg_errors", cfg_errors, NULL);
 	t_pair("echo", echo_server, echo_client, NULL);
 	t_pair("flow_both_ways", flow_server, flow_client, NULL);
+	t_pair("flow_small_pool", flow_server, flow_client,
+	       &(urdma_cfg){ .queue_depth = 4, .buf_size = 256,
+			     .buf_count = 12 });
+	t_pair("receiver_keeps_buffers", hold_server, hold_client, NULL);
 	t_pair("peer_killed", killed_server, killed_client, NULL);
 	t_case("refused", refused, NULL);
 	t_pair("one_sided", rma_server, rma_client, NULL);
