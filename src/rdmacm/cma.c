@@ -571,6 +571,19 @@ again:
 	cma_channel_sync(c);
 }
 
+/* Take cma_lock once no event of cid is out with the application (a
+ * synchronous id's kept event is acknowledged first). */
+static void cma_lock_quiet(struct cma_id *cid)
+{
+	if (cid->sync && cid->id.event) {
+		rdma_ack_cm_event(cid->id.event);
+		cid->id.event = NULL;
+	}
+	pthread_mutex_lock(&cma_lock);
+	while (cid->outstanding)
+		pthread_cond_wait(&cma_cond, &cma_lock);
+}
+
 EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 {
 	struct cma_id *cid, *o, *n;
@@ -579,13 +592,7 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 	if (!id)
 		return cma_err(EINVAL);
 	cid = to_cid(id);
-	if (cid->sync && id->event) {
-		rdma_ack_cm_event(id->event);
-		id->event = NULL;
-	}
-	pthread_mutex_lock(&cma_lock);
-	while (cid->outstanding)
-		pthread_cond_wait(&cma_cond, &cma_lock);
+	cma_lock_quiet(cid);
 	cma_drop_events(cid);
 	if (cid->state == CS_REQ_RCVD)
 		cma_send(cid, CMA_REJ, NULL, 0, CMA_REJ_CONSUMER);
@@ -623,13 +630,7 @@ EXPORT int rdma_migrate_id(struct rdma_cm_id *id,
 	to = channel ? to_cch(channel) : cma_channel_new(true);
 	if (!to)
 		return -1;
-	if (cid->sync && id->event) {
-		rdma_ack_cm_event(id->event);
-		id->event = NULL;
-	}
-	pthread_mutex_lock(&cma_lock);
-	while (cid->outstanding)
-		pthread_cond_wait(&cma_cond, &cma_lock);
+	cma_lock_quiet(cid);
 	from = to_cch(id->channel);
 	if (from == to) {
 		pthread_mutex_unlock(&cma_lock);

@@ -316,25 +316,43 @@ static int rs_iov_check(const struct iovec *iov, int iovcnt, int flags,
 	return 0;
 }
 
+/* The start of a data call: the rsocket of socket, locked, once it is
+ * connected (*ret 0) or it can't be (*ret an errno: unlock and fail); NULL
+ * (-1 and errno) for a bad socket or vector. */
+static struct rsocket *rs_io_start(int socket, const struct iovec *iov,
+				   int iovcnt, int flags, size_t *total,
+				   bool *nonblock, int *ret)
+{
+	struct rsocket *rs = rs_get(socket);
+
+	*total = 0;
+	if (!rs)
+		return NULL;
+	*ret = rs_iov_check(iov, iovcnt, flags, total);
+	if (*ret) {
+		cma_err(*ret);
+		return NULL;
+	}
+	pthread_mutex_lock(&rs->lock);
+	*nonblock = rs->nonblock || (flags & MSG_DONTWAIT);
+	*ret = rs_wait_connected(rs, *nonblock);
+	if (!*ret && rs->state != RS_CONNECTED)
+		*ret = ENOTCONN;
+	return rs;
+}
+
 static ssize_t rs_sendv(int socket, const struct iovec *iov, int iovcnt,
 			int flags)
 {
-	struct rsocket *rs = rs_get(socket);
 	struct rs_iter it = { iov, iovcnt, 0 };
-	size_t total = 0, sent = 0;
+	size_t total, sent = 0;
 	bool nonblock;
-	int ret = 0;
+	int ret;
+	struct rsocket *rs = rs_io_start(socket, iov, iovcnt, flags, &total,
+					 &nonblock, &ret);
 
 	if (!rs)
 		return -1;
-	ret = rs_iov_check(iov, iovcnt, flags, &total);
-	if (ret)
-		return cma_err(ret);
-	pthread_mutex_lock(&rs->lock);
-	nonblock = rs->nonblock || (flags & MSG_DONTWAIT);
-	ret = rs_wait_connected(rs, nonblock);
-	if (!ret && rs->state != RS_CONNECTED)
-		ret = ENOTCONN;
 	if (ret)
 		goto out;
 	if (rs->cq)
@@ -424,22 +442,15 @@ static bool rs_readable(struct rsocket *rs)
 static ssize_t rs_recvv(int socket, const struct iovec *iov, int iovcnt,
 			int flags)
 {
-	struct rsocket *rs = rs_get(socket);
 	struct rs_iter it = { iov, iovcnt, 0 };
-	size_t total = 0, got = 0;
+	size_t total, got = 0;
 	bool nonblock, peek = flags & MSG_PEEK;
-	int i, ret = 0;
+	int i, ret;
+	struct rsocket *rs = rs_io_start(socket, iov, iovcnt, flags, &total,
+					 &nonblock, &ret);
 
 	if (!rs)
 		return -1;
-	ret = rs_iov_check(iov, iovcnt, flags, &total);
-	if (ret)
-		return cma_err(ret);
-	pthread_mutex_lock(&rs->lock);
-	nonblock = rs->nonblock || (flags & MSG_DONTWAIT);
-	ret = rs_wait_connected(rs, nonblock);
-	if (!ret && rs->state != RS_CONNECTED)
-		ret = ENOTCONN;
 	if (ret)
 		goto out;
 	while (got < total) {
