@@ -45,10 +45,10 @@ typedef struct urdma_cfg {
 	uint32_t queue_depth;	 /* messages in flight per connection, each
 				  * way: receives posted, send credits (64) */
 	uint32_t buf_size;	 /* the largest message, bytes (8192) */
-	uint32_t buf_count;	 /* pool buffers at most (16384); the pool
-				  * grows by slabs as connections need */
-	uint32_t inline_max;	 /* sends up to this size are not copied
-				  * into a pool buffer (the device's, <= 256) */
+	uint32_t buf_count;	 /* pool buffers at most, >= queue_depth
+				  * (16384); the pool grows as needed */
+	uint32_t inline_max;	 /* sends up to this size go inline, not
+				  * copied into a pool buffer (128) */
 	int connect_timeout_ms;	 /* resolve and connect (5000) */
 	int op_timeout_ms;	 /* no answer from the peer for this long:
 				  * the connection fails (2000, about) */
