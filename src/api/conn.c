@@ -1036,8 +1036,8 @@ static void on_send(urdma_ctx *ctx, struct api_srec *r, const struct ibv_wc *wc)
 		drain_check(c);
 		return;
 	}
-	/* After the peer's goodbye a send may find its QP gone: no error. */
-	if (err && err != -ECANCELED && !c->bye_rcvd)
+	/* (after the peer's goodbye, closed() tells the close from this) */
+	if (err && err != -ECANCELED)
 		api_conn_fail(c, err);
 	api_mark_dirty(c);
 }
