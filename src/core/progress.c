@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "core/urdma.h"
+#include "transport/transport.h"
 #include "util/log.h"
 
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -125,6 +126,9 @@ static bool maintain_all(bool check_mrs)
 	struct urdma_qp *qp;
 	bool pending = false;
 
+	for (int i = 0; urdma_transports[i]; i++)
+		if (urdma_transports[i]->tick)
+			urdma_transports[i]->tick();
 	pthread_mutex_lock(&ctx_lock);
 	list_for_each_entry(uctx, &ctxs, node) {
 		pthread_mutex_lock(&uctx->lock);

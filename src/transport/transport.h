@@ -48,6 +48,9 @@ struct urdma_transport_ops {
 	int (*qpn_reserve)(uint32_t *qpn);
 	void (*qpn_bind)(struct urdma_qp *qp);
 	void (*qpn_release)(uint32_t qpn);
+	/* Optional.  Progress thread, once per pass, before the QPs': upkeep
+	 * of what belongs to no QP. */
+	void (*tick)(void);
 };
 
 extern const struct urdma_transport_ops urdma_shm_transport;

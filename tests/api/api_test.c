@@ -562,9 +562,7 @@ static void rma_client(struct t_peer *p, void *arg)
 /* ---- many connections on one context ---- */
 
 #define MANY_MAX 1000
-/* API_MANY=N runs fewer: 1,000 connections over TCP stall now and then
- * (about one run in four: some hundred connections connected and never
- * echoed), a known bug; ctest runs 200 there until it is fixed. */
+/* API_MANY=N runs fewer (ctest does under ASan). */
 static int many(void)
 {
 	const char *e = getenv("API_MANY");

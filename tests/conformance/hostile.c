@@ -1557,6 +1557,91 @@ static void hostile_case(void *arg)
 	teardown(&c);
 }
 
+/* ------------------------------------------------------------------ */
+/* A crowd at the listener                                            */
+/* ------------------------------------------------------------------ */
+
+#define CROWD_SILENT 100
+#define CROWD_TALKING 200
+
+static int connect_port(uint16_t port)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+				 .sin_port = htons(port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	REQUIRE(fd >= 0, "socket: %s", strerror(errno));
+	REQUIRE(!connect(fd, (struct sockaddr *)&sa, sizeof(sa)), "connect to %u: %s",
+		port, strerror(errno));
+	return fd;
+}
+
+/* Hundreds of connections at a QP's listener at once, as when hundreds of
+ * QPs connect together: first CROWD_SILENT that never send a byte, then
+ * CROWD_TALKING that all connect before any sends its MPA Request (naming
+ * no QP).  Every talking one gets its answer (a reject), none a bare
+ * close: connections past the listener's bound wait in the kernel's
+ * backlog rather than push out those accepted, and silent ones make way
+ * once they have had their time.  Before, each arrival closed the oldest
+ * past 64, and 1,000 QPs connecting at once could do so forever. */
+static void mpa_crowd_case(void *arg)
+{
+	static int silent[CROWD_SILENT], talking[CROWD_TALKING];
+	struct t_opts o = t_opts_default();
+	struct urdma_mpa_pd pd;
+	struct mpa_frame f;
+	struct t_res r;
+	int answered = 0, cut = 0, silent_closed = 0;
+	(void)arg;
+
+	o.create_qp = true;
+	t_res_open(&r, &o);
+	uint32_t qpn = r.qp->qp_num;
+	uint16_t port = (uint16_t)(qpn >> 8);
+
+	for (int i = 0; i < CROWD_SILENT; i++)
+		silent[i] = connect_port(port);
+	for (int i = 0; i < CROWD_TALKING; i++)
+		talking[i] = connect_port(port);
+	for (int i = 0; i < CROWD_TALKING; i++) {
+		fill_pd(&pd, 0x100 | (uint32_t)i, qpn ^ 0x80);
+		/* a send to a connection already closed: EPIPE, counted below */
+		struct {
+			struct mpa_frame f;
+			struct urdma_mpa_pd pd;
+		} __attribute__((packed)) m = {.pd = pd};
+		memcpy(m.f.key, MPA_KEY_REQ, MPA_KEY_LEN);
+		m.f.rev = MPA_REVISION;
+		m.f.pd_len = htons(sizeof(pd));
+		send(talking[i], &m, sizeof(m), MSG_NOSIGNAL);
+	}
+	for (int i = 0; i < CROWD_TALKING; i++) {
+		if (recv_exact(talking[i], &f, sizeof(f), WAIT_MS) &&
+		    !memcmp(f.key, MPA_KEY_REP, MPA_KEY_LEN) && (f.flags & MPA_FLAG_R))
+			answered++;
+		else
+			cut++;
+		close(talking[i]);
+	}
+	for (int i = 0; i < CROWD_SILENT; i++) {
+		struct pollfd pf = {.fd = silent[i], .events = POLLIN};
+		char b;
+
+		if (poll(&pf, 1, 0) == 1 && recv(silent[i], &b, 1, MSG_DONTWAIT) <= 0)
+			silent_closed++;
+		close(silent[i]);
+	}
+	t_note("%d talking connections answered, %d cut; %d of %d silent ones closed",
+	       answered, cut, silent_closed, CROWD_SILENT);
+	CHECK(answered == CROWD_TALKING, "%d of %d connections got no answer", cut,
+	      CROWD_TALKING);
+	CHECK(silent_closed >= CROWD_SILENT - 64,
+	      "only %d silent connections were closed: the rest hold the listener",
+	      silent_closed);
+	t_res_close(&r);
+}
+
 int main(int argc, char **argv)
 {
 	/* Before any device is opened, in this process and the case processes. */
@@ -1565,5 +1650,6 @@ int main(int argc, char **argv)
 	t_set_case_timeout(20);
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		t_case(cases[i].name, hostile_case, (void *)&cases[i]);
+	t_case("mpa_crowd", mpa_crowd_case, NULL);
 	return t_finish();
 }

@@ -23,9 +23,18 @@
 /* An FPDU at most: MPA length, the largest header, payload, pad, CRC */
 #define RES_SIZE (sizeof(((struct tx_seg *)0)->hdr) + IWARP_SEG_PAYLOAD + 8)
 /* Accepted connections still in their handshake hold an fd and a buffer
- * each: at most this many, for at most this long. */
+ * each: at most PENDING_MAX, none for longer than PENDING_TIMEOUT_NS.  At
+ * the limit, the oldest that has had PENDING_GRACE_NS to send its Request
+ * is closed (a legitimate initiator reconnects); when none has, listeners
+ * stop accepting until one settles: new connections wait in the kernel's
+ * backlog rather than push out those being served (pending_admit). */
 #define PENDING_MAX 64
+#define PENDING_GRACE_NS (1000000000ull)
 #define PENDING_TIMEOUT_NS (60ull * 1000000000ull)
+/* While paused, how often to look for room; after accept() failed for want
+ * of fds or memory, how long to wait. */
+#define PENDING_LOOK_NS (1000000ull)
+#define ACCEPT_RETRY_NS (100ull * 1000000ull)
 #define RETRY_CONNECT_NS (20ull * 1000000ull)
 
 enum conn_state {
@@ -203,6 +212,8 @@ struct tcp_globals {
 	pthread_mutex_t lock;
 	struct tcp_listener *ls[256];
 	struct list_head pending; /* conns being set up */
+	atomic_bool paused;	  /* listeners not accepting (pending_admit) */
+	_Atomic uint64_t look_ns; /* while paused: pending_admit by then */
 };
 extern struct tcp_globals T;
 
@@ -296,6 +307,7 @@ void tx_flush_tail(struct tcp_conn *c, uint32_t tag);
 enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 				 enum ibv_wc_status *status);
 bool tcp_maintain(struct urdma_qp *qp);
+void tcp_tick(void);
 void tcp_release(struct urdma_qp *qp);
 extern __thread struct tcp_conn *rx_owner; /* tcp_rx.c */
 

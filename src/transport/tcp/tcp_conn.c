@@ -123,27 +123,76 @@ static bool passive_pending(const struct tcp_conn *c)
 	return st == C_WAIT_REQ || st == C_PENDING_QP;
 }
 
-/* Close accepted connections over the bounds, oldest first (T.pending is
- * in arrival order).  The initiator of a legitimate one reconnects.  Under
- * T.lock, as connections arrive. */
-static void pending_trim(void)
+static void pending_look(uint64_t t);
+
+/* Listeners accept, or leave new connections in the kernel's backlog. */
+static void listeners_pause(bool pause)
 {
-	uint64_t now = urdma_now_ns();
+	if (atomic_load(&T.paused) == pause)
+		return;
+	atomic_store(&T.paused, pause);
+	for (int i = 0; i < 256; i++) {
+		struct tcp_listener *l = T.ls[i];
+
+		if (l && !l->closed)
+			urdma_progress_watch_events(l->fd, pause ? 0 : EPOLLIN,
+						    URDMA_WATCH_FN, &l->w, true);
+	}
+}
+
+/* Keep accepted connections within the bounds (tcp.h): close those that
+ * waited too long, oldest first (T.pending is in arrival order), and let
+ * listeners accept only while there is room.  Under T.lock, as
+ * connections arrive and, while listeners are paused, from tcp_tick. */
+static void pending_admit(void)
+{
+	uint64_t now = urdma_now_ns(), next = 0;
 	struct tcp_conn *c, *n;
 	int count = 0;
 
 	list_for_each_entry(c, &T.pending, node)
 		count += passive_pending(c);
 	list_for_each_entry_safe(c, n, &T.pending, node) {
+		uint64_t age;
+
 		if (!passive_pending(c))
 			continue;
-		if (count <= PENDING_MAX &&
-		    now - c->since_ns < PENDING_TIMEOUT_NS)
+		age = now - c->since_ns;
+		if (age < PENDING_TIMEOUT_NS &&
+		    (count < PENDING_MAX || age < PENDING_GRACE_NS)) {
+			/* the oldest left: when it may go */
+			next = c->since_ns + (count < PENDING_MAX ?
+						      PENDING_TIMEOUT_NS :
+						      PENDING_GRACE_NS);
 			break;
+		}
 		urdma_dbg("tcp: closing a connection that never finished MPA");
 		conn_bury(c);
 		count--;
 	}
+	listeners_pause(count >= PENDING_MAX);
+	if (count >= PENDING_MAX)
+		pending_look(now + PENDING_LOOK_NS < next ? now + PENDING_LOOK_NS :
+							    next);
+}
+
+/* While listeners are paused, tcp_tick calls pending_admit by t. */
+static void pending_look(uint64_t t)
+{
+	atomic_store(&T.look_ns, t);
+	urdma_progress_by(t);
+}
+
+void tcp_tick(void)
+{
+	if (!atomic_load(&T.paused) ||
+	    urdma_now_ns() < atomic_load(&T.look_ns))
+		return;
+	pthread_mutex_lock(&T.lock);
+	if (atomic_load(&T.paused) &&
+	    urdma_now_ns() >= atomic_load(&T.look_ns))
+		pending_admit();
+	pthread_mutex_unlock(&T.lock);
 }
 
 static void listener_cb(struct urdma_watcher *w, uint32_t events)
@@ -153,14 +202,27 @@ static void listener_cb(struct urdma_watcher *w, uint32_t events)
 
 	for (;;) {
 		struct tcp_conn *c;
-		int fd;
+		int fd, err;
 
 		pthread_mutex_lock(&T.lock);
-		fd = l->closed ? -1 :
-				 accept4(l->fd, NULL, NULL,
-					 SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (l->closed || atomic_load(&T.paused)) {
+			pthread_mutex_unlock(&T.lock);
+			return;
+		}
+		fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		err = fd < 0 ? errno : 0;
+		if (err && err != EAGAIN && err != EINTR &&
+		    err != ECONNABORTED) {
+			/* out of fds or memory: the listener would stay
+			 * readable; let the connections wait a while */
+			urdma_dbg("tcp: accept: %s", strerror(err));
+			listeners_pause(true);
+			pending_look(urdma_now_ns() + ACCEPT_RETRY_NS);
+		}
 		pthread_mutex_unlock(&T.lock);
-		if (fd < 0)
+		if (err == EINTR || err == ECONNABORTED)
+			continue;
+		if (err)
 			return;
 		tcp_set_sock_opts(fd);
 		c = conn_new(fd);
@@ -174,7 +236,7 @@ static void listener_cb(struct urdma_watcher *w, uint32_t events)
 		if (urdma_progress_watch_events(fd, EPOLLIN, URDMA_WATCH_FN, &c->w,
 						false))
 			conn_bury(c);
-		pending_trim();
+		pending_admit();
 		pthread_mutex_unlock(&T.lock);
 	}
 }
@@ -196,11 +258,13 @@ static struct tcp_listener *listener_new(void)
 		goto err;
 	setsockopt(l->fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
 	if (bind(l->fd, (struct sockaddr *)&sa, sizeof(sa)) ||
-	    listen(l->fd, 128) ||
+	    listen(l->fd, SOMAXCONN) ||
 	    getsockname(l->fd, (struct sockaddr *)&sa, &len))
 		goto err_close;
 	l->port = ntohs(sa.sin6_port);
-	if (urdma_progress_watch(l->fd, URDMA_WATCH_FN, &l->w))
+	if (urdma_progress_watch_events(l->fd,
+					atomic_load(&T.paused) ? 0 : EPOLLIN,
+					URDMA_WATCH_FN, &l->w, false))
 		goto err_close;
 	urdma_dbg("tcp: listening on port %u", l->port);
 	return l;

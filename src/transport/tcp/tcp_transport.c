@@ -518,4 +518,5 @@ const struct urdma_transport_ops urdma_tcp_transport = {
 	.qpn_reserve = tcp_qpn_reserve,
 	.qpn_bind = tcp_qpn_bind,
 	.qpn_release = tcp_qpn_release,
+	.tick = tcp_tick,
 };
