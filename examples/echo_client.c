@@ -11,12 +11,12 @@
 int main(int argc, char **argv)
 {
 	const char *msg = argc > 2 ? argv[2] : "hello, urdma";
-	urdma_ctx *ctx = urdma_ctx_create(NULL);
+	urdma_ctx *ctx = argc > 1 ? urdma_ctx_create(NULL) : NULL;
 	urdma_conn *c = ctx ? urdma_connect(ctx, argv[1], NULL, 0, NULL) : NULL;
 	urdma_event ev;
 	int ret;
 
-	if (argc < 2) {
+	if (argc < 2 || argc > 3) {
 		fprintf(stderr, "usage: %s HOST:PORT [MESSAGE]\n", argv[0]);
 		return 2;
 	}

@@ -3,7 +3,7 @@
 # Install the Debian packages a target needs; as root it installs them, as
 # anyone else it names them.  Usage: scripts/deps.sh build|check|bench|fuzz
 set -u
-need_build=(cmake gcc make pkg-config libibverbs-dev librdmacm-dev)
+need_build=(cmake gcc make pkg-config libibverbs-dev librdmacm-dev libuv1-dev)
 need_check=(ibverbs-utils rdmacm-utils perftest iproute2 procps tshark)
 need_bench=(ucx-utils libfabric-bin iperf3 sockperf)
 need_fuzz=(clang libclang-rt-14-dev)

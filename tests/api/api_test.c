@@ -6,7 +6,9 @@
  * check (and the target's memory compared byte for byte), many connections
  * on one context, and a thread-safe context shared by threads.
  * The parent is the server, the child the client; run with
- * URDMA_TRANSPORT=tcp for the same over TCP.
+ * URDMA_TRANSPORT=tcp for the same over TCP, and with API_HOST=the server's
+ * address and T_CHILD_NETNS=another namespace across two hosts
+ * (tests/net/api.sh).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -19,6 +21,14 @@
 #include "harness.h"
 
 #define WAIT_MS 10000
+
+/* The server's address: where it listens and the client connects. */
+static const char *host(void)
+{
+	const char *h = getenv("API_HOST");
+
+	return h && *h ? h : "127.0.0.1";
+}
 
 /* The next event of type on c (any conn if NULL); fails the case on
  * anything else than what is asked. */
@@ -91,7 +101,10 @@ static urdma_ctx *serve(struct t_peer *p, const urdma_cfg *cfg,
 	urdma_ctx *ctx = urdma_ctx_create(cfg);
 
 	REQUIRE(ctx, "ctx: %s", strerror(errno));
-	*lis = urdma_listen(ctx, "127.0.0.1:0", hello, len, NULL);
+	char addr[64];
+
+	snprintf(addr, sizeof(addr), "%s:0", host());
+	*lis = urdma_listen(ctx, addr, hello, len, NULL);
 	REQUIRE(*lis, "listen: %s", strerror(errno));
 	t_send_u64(p, (uint64_t)urdma_conn_port(*lis));
 	return ctx;
@@ -103,7 +116,7 @@ static urdma_conn *dial(struct t_peer *p, urdma_ctx *ctx, const void *hello,
 	char addr[64];
 	urdma_conn *c;
 
-	snprintf(addr, sizeof(addr), "127.0.0.1:%u",
+	snprintf(addr, sizeof(addr), "%s:%u", host(),
 		 (unsigned)t_recv_u64(p, WAIT_MS));
 	c = urdma_connect(ctx, addr, hello, len, NULL);
 	REQUIRE(c, "connect %s: %s", addr, strerror(errno));
@@ -448,6 +461,7 @@ static void rma_server(struct t_peer *p, void *arg)
 	urdma_ctx *ctx = urdma_ctx_create(NULL);
 	urdma_mem *m;
 	urdma_conn *lis;
+	char addr[64];
 
 	REQUIRE(ctx, "ctx");
 	memset(mem, 0x5a, sizeof(mem));
@@ -456,7 +470,8 @@ static void rma_server(struct t_peer *p, void *arg)
 			      URDMA_REMOTE_ATOMIC,
 		      &desc);
 	REQUIRE(m, "reg: %s", strerror(errno));
-	lis = urdma_listen(ctx, "127.0.0.1:0", &desc, sizeof(desc), NULL);
+	snprintf(addr, sizeof(addr), "%s:0", host());
+	lis = urdma_listen(ctx, addr, &desc, sizeof(desc), NULL);
 	REQUIRE(lis, "listen");
 	t_send_u64(p, (uint64_t)urdma_conn_port(lis));
 	expect(ctx, NULL, URDMA_EV_ACCEPTED);
@@ -594,7 +609,7 @@ static void many_client(struct t_peer *p, void *arg)
 	uint64_t t0 = (uint64_t)time(NULL);
 
 	REQUIRE(ctx, "ctx");
-	snprintf(addr, sizeof(addr), "127.0.0.1:%u",
+	snprintf(addr, sizeof(addr), "%s:%u", host(),
 		 (unsigned)t_recv_u64(p, WAIT_MS));
 	for (int i = 0; i < MANY; i++) {
 		c[i] = urdma_connect(ctx, addr, NULL, 0, (void *)(intptr_t)i);

@@ -212,6 +212,26 @@ struct case_desc {
 	void *arg;
 };
 
+/* T_CHILD_NETNS=NAME (or a path): the child side of t_pair cases runs in
+ * that network namespace, another "host" (tests/net/netns.sh makes them),
+ * with URDMA_SHM_DIR=$T_CHILD_SHM_DIR if set (a host's own shared memory). */
+static void child_enter_netns(void)
+{
+	const char *ns = getenv("T_CHILD_NETNS"), *shm = getenv("T_CHILD_SHM_DIR");
+	char path[512];
+	int fd;
+
+	if (!ns || !*ns)
+		return;
+	snprintf(path, sizeof(path), "%s%s", strchr(ns, '/') ? "" : "/var/run/netns/", ns);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	REQUIRE(fd >= 0 && setns(fd, CLONE_NEWNET) == 0,
+		"entering network namespace %s: %s", path, strerror(errno));
+	close(fd);
+	if (shm && *shm)
+		setenv("URDMA_SHM_DIR", shm, 1);
+}
+
 /* Body of the case process (the "parent" side of a pair). */
 static _Noreturn void case_process(const struct case_desc *d)
 {
@@ -239,6 +259,7 @@ static _Noreturn void case_process(const struct case_desc *d)
 			g_kill_on_exit = 0;
 			arm_watchdog(g_case_timeout);
 			close(sv[0]);
+			child_enter_netns();
 			struct t_peer peer = {.fd = sv[1], .is_child = true, .child_pid = 0};
 			d->child(&peer, d->arg);
 			close(peer.fd);
