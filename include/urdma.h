@@ -13,9 +13,10 @@
  * timeout).  What happens (a connection made, a message received, an
  * operation done, a connection closed) comes back as events from
  * urdma_poll, each with the connection and the user pointer given to the
- * call.  urdma_ctx_fd is readable whenever urdma_poll has something to do:
- * put it in epoll, libuv, libevent or io_uring, and call urdma_poll when it
- * is.  There is nothing to arm.
+ * call.  Once asked for, urdma_ctx_fd is readable whenever urdma_poll has
+ * something to do: put it in epoll, libuv, libevent or io_uring, and call
+ * urdma_poll when it is.  There is nothing to arm.  A blocking call polls
+ * for up to spin_us before it sleeps (urdma_cfg).
  *
  * Errors: calls return 0 (or a count) or a negative errno; calls that
  * return a pointer return NULL and set errno.  urdma_strerror names them.
@@ -54,7 +55,10 @@ typedef struct urdma_cfg {
 				  * the connection fails (2000, about) */
 	const char *device;	 /* the RDMA device by name (the first) */
 	uint32_t flags;		 /* URDMA_CFG_* */
-	uint32_t reserved[7];	 /* zero */
+	int spin_us;		 /* a blocking urdma_poll or urdma_wait
+				  * polls the CQ this long before it
+				  * sleeps; -1: never (30) */
+	uint32_t reserved[6];	 /* zero */
 } urdma_cfg;
 
 enum {

@@ -176,6 +176,9 @@ struct urdma_ctx {
 	uint64_t timer_ns; /* what tfd is armed for; 0: nothing */
 	bool kicked;
 	bool in_progress; /* events pushed now are taken before returning */
+	bool fd_given;	  /* urdma_ctx_fd was called: someone may sleep on it */
+	uint8_t spin_miss; /* waits in a row that a spin would not have met */
+	uint64_t fds_ns;   /* when progress() last looked at the fds */
 	/* pool */
 	struct api_slab *slabs;
 	struct api_buf *free_bufs;

@@ -8,8 +8,17 @@
  * level-triggered loop never strands them) and a timerfd (connect and
  * close deadlines).  urdma_poll makes all the progress there is (CM
  * events, completions, credits, queued sends, deadlines), then hands out
- * events; when the CQ is empty it arms it and looks once more, so the fd
- * is armed, race-free, whenever urdma_poll returns with nothing left.
+ * events.
+ *
+ * Arming: a completion on an armed CQ costs its sender a wake-up (a system
+ * call) and us the channel's read, so the CQ is armed only when someone is
+ * to sleep on the fd: a blocking call about to sleep, and any call on its
+ * way out once the application has asked for the fd (urdma_ctx_fd).  Each
+ * arm is followed by one more look at the CQ, so no completion is missed.
+ * A blocking call first polls the CQ for up to spin_us, so a peer that
+ * answers within it costs no system call on either side.  Adaptive: after
+ * eight waits in a row that a spin would not have met, it sleeps at once,
+ * until a sleep ends within spin_us.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +41,9 @@
 #define DEF_OP_MS 2000
 #define CQ_BATCH 32
 #define CQ_PER_POLL 512 /* completions one urdma_poll takes at most */
+#define DEF_SPIN_US 30
+#define SPIN_MISSES 8	/* waits in a row that a spin would not meet */
+#define FD_LOOK_NS 50000ull /* see progress() */
 
 static int cfg_check(urdma_cfg *c)
 {
@@ -40,7 +52,8 @@ static int cfg_check(urdma_cfg *c)
 			return -EINVAL;
 	if (c->flags & ~(uint32_t)URDMA_CFG_THREADSAFE)
 		return -EINVAL;
-	if (c->connect_timeout_ms < 0 || c->op_timeout_ms < 0)
+	if (c->connect_timeout_ms < 0 || c->op_timeout_ms < 0 ||
+	    c->spin_us < -1 || c->spin_us > 1000000)
 		return -EINVAL;
 	if (!c->queue_depth)
 		c->queue_depth = DEF_QUEUE_DEPTH;
@@ -54,6 +67,8 @@ static int cfg_check(urdma_cfg *c)
 		c->connect_timeout_ms = DEF_CONNECT_MS;
 	if (!c->op_timeout_ms)
 		c->op_timeout_ms = DEF_OP_MS;
+	if (!c->spin_us)
+		c->spin_us = DEF_SPIN_US;
 	/* Credits (conn.c): the last one is kept for updates, and an update
 	 * goes when half the depth is owed; below 4 that could ping-pong. */
 	if (c->queue_depth < 4 || c->queue_depth > 8192 ||
@@ -205,7 +220,14 @@ API_EXPORT void urdma_ctx_destroy(urdma_ctx *ctx)
 
 API_EXPORT int urdma_ctx_fd(urdma_ctx *ctx)
 {
-	return ctx ? ctx->epfd : -EINVAL;
+	if (!ctx)
+		return -EINVAL;
+	/* From now on the application may sleep on the fd: the CQ is armed
+	 * whenever a call returns (ctx_create armed it for the first time). */
+	api_lock(ctx);
+	ctx->fd_given = true;
+	api_unlock(ctx);
+	return ctx->epfd;
 }
 
 /* ---- the event queue ---- */
@@ -250,9 +272,11 @@ static void popped(urdma_ctx *ctx, const urdma_event *ev)
 		list_add_tail(&c->rnode, &ctx->dead);
 }
 
+/* Make the fd readable: for an application that sleeps on it, or
+ * another thread asleep in urdma_poll. */
 void api_kick(urdma_ctx *ctx)
 {
-	if (!ctx->kicked) {
+	if (!ctx->kicked && (ctx->fd_given || ctx->threadsafe)) {
 		uint64_t one = 1;
 
 		ctx->kicked = write(ctx->evfd, &one, sizeof(one)) == sizeof(one);
@@ -374,7 +398,7 @@ void api_timer_update(urdma_ctx *ctx)
 static void progress(urdma_ctx *ctx)
 {
 	struct epoll_event ready[4];
-	uint64_t v;
+	uint64_t v, now;
 	bool more;
 	int n;
 
@@ -382,7 +406,16 @@ static void progress(urdma_ctx *ctx)
 	/* requests the application saw in the last urdma_poll, and did not
 	 * close, are accepted first */
 	api_accept_pending(ctx);
-	n = epoll_wait(ctx->epfd, ready, 4, 0);
+	/* The fds: always for an application that sleeps on them (it called
+	 * because they are readable), otherwise at most every FD_LOOK_NS
+	 * while busy (and after every sleep): a blocking ping-pong then
+	 * makes no system call. */
+	now = urdma_now_ns();
+	n = 0;
+	if (ctx->fd_given || now - ctx->fds_ns >= FD_LOOK_NS) {
+		ctx->fds_ns = now;
+		n = epoll_wait(ctx->epfd, ready, 4, 0);
+	}
 	for (int i = 0; i < n; i++) {
 		int fd = ready[i].data.fd;
 
@@ -400,18 +433,30 @@ static void progress(urdma_ctx *ctx)
 	}
 	more = cq_drain(ctx);
 	api_flush_dirty(ctx);
-	if (!more && !ctx->armed) {
-		/* Arm, then look again: a completion that came between the
-		 * last poll and the arm would not fire the channel. */
-		if (!ibv_req_notify_cq(ctx->cq, 0))
-			ctx->armed = true;
-		more = cq_drain(ctx);
-		api_flush_dirty(ctx);
-	}
 	if (more)
 		api_kick(ctx);
 	api_timer_update(ctx);
 	ctx->in_progress = false;
+}
+
+/* Arm the CQ, then look again: a completion that came between the last
+ * poll and the arm would not fire the channel.  True if that look found
+ * anything (then nobody should sleep). */
+static bool arm(urdma_ctx *ctx)
+{
+	uint32_t had = ctx->q.tail;
+	bool more;
+
+	if (ctx->armed || ibv_req_notify_cq(ctx->cq, 0))
+		return false;
+	ctx->armed = true;
+	ctx->in_progress = true;
+	more = cq_drain(ctx);
+	api_flush_dirty(ctx);
+	ctx->in_progress = false;
+	if (more || ctx->q.head != ctx->q.tail)
+		api_kick(ctx);
+	return more || ctx->q.tail != had;
 }
 
 static int take(urdma_ctx *ctx, urdma_event *ev, int max)
@@ -447,75 +492,122 @@ static int remaining_ms(uint64_t end_ns)
 	return now >= end_ns ? 0 : (int)((end_ns - now + 999999) / 1000000);
 }
 
-API_EXPORT int urdma_poll(urdma_ctx *ctx, urdma_event *ev, int max,
-			  int timeout_ms)
+/* The index in the queue of the first event of conn (any if NULL) that is
+ * of type (any if 0) or its CLOSED; -1 if none. */
+static int match(const urdma_ctx *ctx, const urdma_conn *conn, int type)
 {
-	uint64_t end;
-	int n;
-
-	if (!ctx || !ev || max <= 0)
-		return -EINVAL;
-	end = timeout_ms > 0 ? urdma_now_ns() + timeout_ms * 1000000ull : 0;
-	api_lock(ctx);
-	api_reap(ctx);
-	for (;;) {
-		progress(ctx);
-		n = take(ctx, ev, max);
-		if (n || !timeout_ms)
-			break;
-		if (timeout_ms > 0 && !remaining_ms(end))
-			break;
-		sleep_fd(ctx, timeout_ms < 0 ? -1 : remaining_ms(end));
-	}
-	api_unlock(ctx);
-	return n;
-}
-
-/* The first queued event of conn (any if NULL) that is of type (any if 0)
- * or its CLOSED. */
-static bool find(urdma_ctx *ctx, urdma_conn *conn, int type, urdma_event *out)
-{
-	struct api_evq *q = &ctx->q;
+	const struct api_evq *q = &ctx->q;
 
 	for (uint32_t i = q->head; i != q->tail; i++) {
-		urdma_event *e = &q->ev[i & (q->cap - 1)];
+		const urdma_event *e = &q->ev[i & (q->cap - 1)];
 
 		if (conn && e->conn != conn)
 			continue;
 		if (type && e->type != type && e->type != URDMA_EV_CLOSED)
 			continue;
-		*out = *e;
-		/* close the gap, keeping the order */
-		for (uint32_t k = i; k != q->head; k--)
-			q->ev[k & (q->cap - 1)] = q->ev[(k - 1) & (q->cap - 1)];
-		q->head++;
-		popped(ctx, out);
-		return true;
+		return (int)(i - q->head);
 	}
-	return false;
+	return -1;
+}
+
+/* Poll the CQ (in memory) until what the caller waits for comes, for up
+ * to the spin time; true if it came. */
+static bool spin(urdma_ctx *ctx, urdma_conn *conn, int type)
+{
+	uint64_t end = urdma_now_ns() + (uint64_t)ctx->cfg.spin_us * 1000ull;
+	bool met;
+
+	ctx->in_progress = true;
+	do {
+		cq_drain(ctx);
+		api_flush_dirty(ctx);
+		met = match(ctx, conn, type) >= 0;
+		if (!met)
+			cpu_relax();
+	} while (!met && urdma_now_ns() < end);
+	ctx->in_progress = false;
+	return met;
+}
+
+/* Make progress until the queue holds an event of conn and type (as
+ * match), or timeout_ms (0: look once; <0: no limit) has passed. */
+static void await(urdma_ctx *ctx, urdma_conn *conn, int type, int timeout_ms)
+{
+	uint64_t start = urdma_now_ns(), end = start + timeout_ms * 1000000ull;
+	bool spun = false, slept = false;
+
+	for (;;) {
+		progress(ctx);
+		if (match(ctx, conn, type) >= 0 || !timeout_ms)
+			break;
+		if (timeout_ms > 0 && !remaining_ms(end))
+			break;
+		if (!spun && ctx->cfg.spin_us > 0 &&
+		    ctx->spin_miss < SPIN_MISSES) {
+			spun = true;
+			if (spin(ctx, conn, type))
+				break;
+			continue; /* the fds, once more */
+		}
+		if (arm(ctx))
+			continue;
+		sleep_fd(ctx, timeout_ms < 0 ? -1 : remaining_ms(end));
+		ctx->fds_ns = 0; /* what woke us is read now */
+		slept = true;
+	}
+	/* Adaptive: a wait that the spin would not have met counts. */
+	if (ctx->cfg.spin_us > 0 && timeout_ms) {
+		if (!slept)
+			ctx->spin_miss = 0;
+		else if (urdma_now_ns() - start >
+			 (uint64_t)ctx->cfg.spin_us * 1000ull)
+			ctx->spin_miss += ctx->spin_miss < SPIN_MISSES;
+		else
+			ctx->spin_miss = 0;
+	}
+	if (ctx->fd_given)
+		arm(ctx);
+}
+
+API_EXPORT int urdma_poll(urdma_ctx *ctx, urdma_event *ev, int max,
+			  int timeout_ms)
+{
+	int n;
+
+	if (!ctx || !ev || max <= 0)
+		return -EINVAL;
+	api_lock(ctx);
+	api_reap(ctx);
+	await(ctx, NULL, 0, timeout_ms);
+	n = take(ctx, ev, max);
+	api_unlock(ctx);
+	return n;
 }
 
 API_EXPORT int urdma_wait(urdma_ctx *ctx, urdma_conn *conn, int type,
 			  urdma_event *ev, int timeout_ms)
 {
-	uint64_t end;
-	int ret = -ETIMEDOUT;
+	struct api_evq *q;
+	int ret = -ETIMEDOUT, k;
 
 	if (!ctx || !ev || type < 0 || type > URDMA_EV_CLOSED ||
 	    (conn && conn->ctx != ctx))
 		return -EINVAL;
-	end = timeout_ms > 0 ? urdma_now_ns() + timeout_ms * 1000000ull : 0;
 	api_lock(ctx);
 	api_reap(ctx);
-	for (;;) {
-		progress(ctx);
-		if (find(ctx, conn, type, ev)) {
-			ret = 0;
-			break;
-		}
-		if (!timeout_ms || (timeout_ms > 0 && !remaining_ms(end)))
-			break;
-		sleep_fd(ctx, timeout_ms < 0 ? -1 : remaining_ms(end));
+	await(ctx, conn, type, timeout_ms);
+	k = match(ctx, conn, type);
+	if (k >= 0) {
+		uint32_t i = ctx->q.head + (uint32_t)k;
+
+		q = &ctx->q;
+		*ev = q->ev[i & (q->cap - 1)];
+		/* close the gap, keeping the order */
+		for (uint32_t j = i; j != q->head; j--)
+			q->ev[j & (q->cap - 1)] = q->ev[(j - 1) & (q->cap - 1)];
+		q->head++;
+		popped(ctx, ev);
+		ret = 0;
 	}
 	if (ctx->q.head != ctx->q.tail)
 		api_kick(ctx);

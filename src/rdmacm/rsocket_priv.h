@@ -16,6 +16,8 @@
 #include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
 
+#include "util/clock.h"
+
 #define RS_EXPORT __attribute__((visibility("default")))
 
 /* ------------------------------------------------------------------ */
@@ -202,14 +204,6 @@ struct rsocket {
 	_Atomic int spin_miss; /* a hint, also read and written by rpoll without rs->lock */
 };
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#else
-	__asm__ __volatile__("" ::: "memory");
-#endif
-}
 static inline uint64_t rs_tx_space(const struct rsocket *rs)
 {
 	return rs->tx_size - (rs->tx_sent - rs->tx_freed);

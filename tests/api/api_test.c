@@ -55,6 +55,7 @@ static void cfg_errors(void *arg)
 		{ .flags = 0x80 },
 		{ .device = "no_such_device" },
 		{ .queue_depth = 8, .buf_count = 7 },
+		{ .spin_us = -2 },
 	};
 	urdma_ctx *ctx;
 	char big[URDMA_HELLO_MAX + 1] = { 0 };
@@ -757,9 +758,10 @@ int main(int argc, char **argv)
 	t_case("cfg_errors", cfg_errors, NULL);
 	t_pair("echo", echo_server, echo_client, NULL);
 	t_pair("flow_both_ways", flow_server, flow_client, NULL);
+	/* and without the spin before sleeping */
 	t_pair("flow_small_pool", flow_server, flow_client,
 	       &(urdma_cfg){ .queue_depth = 4, .buf_size = 256,
-			     .buf_count = 12 });
+			     .buf_count = 12, .spin_us = -1 });
 	t_pair("receiver_keeps_buffers", hold_server, hold_client, NULL);
 	t_pair("peer_killed", killed_server, killed_client, NULL);
 	t_case("refused", refused, NULL);
