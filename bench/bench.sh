@@ -24,7 +24,8 @@
 # TCP sockets; BENCH_CM=0 leaves them out, BENCH_CM_REPS default 5,
 # BENCH_CM_BUDGET seconds default 120, BENCH_CM_CONNS default 200).
 # Then ibv_reg_mr and fork cost next to memcpy (bench_reg below, BENCH_REG=0
-# leaves it out).
+# leaves it out), and the urdma API's echo next to kernel TCP and raw verbs
+# (bench_api below, BENCH_API=0 leaves it out).
 # Environment: BENCH_REPS (default 5), BENCH_BUDGET seconds (default 240;
 # no new repetition starts after it), BENCH_DEVICE (default urdma0),
 # BENCH_PORT (first TCP port, default 18800).
@@ -706,7 +707,85 @@ bench_reg() {
     } | tee -a "$RESULTS"
 }
 
+# The urdma API (bench/api_bench.c, loopback, shared memory): its echo's
+# one-way latency (half the round trip) for 8 B and 64 KiB and its rate
+# (echoes per second, 32 in flight), next to the same echo over kernel TCP
+# sockets; 8 B also next to raw verbs (ib_send_lat) and UCX (ucp_am_lat)
+# from the first table of this run.  Both sides block in their library's
+# own waits.  BENCH_API=0 leaves it out; BENCH_API_REPS (default 5).
+declare -A API_VALS=() API_FAILS=()
+api_measure() {  # KEY
+    local kind=urdma what=lat size=8 n=20000
+    case $1 in *_tcp) kind=tcp ;; esac
+    case $1 in
+        lat64k*) size=65536 n=2000 ;;
+        rate8*) what=rate n=200000 ;;
+    esac
+    next_port
+    PAIR_SERVER_STAYS=1
+    pair "api-$1.$REP" 60 "" "$API_BIN" serve "$kind" "$PORT" -- \
+        "$API_BIN" "$what" "$kind" "127.0.0.1:$PORT" "$size" "$n"
+    PAIR_SERVER_STAYS=0
+    VAL=$(awk '/^result:/ { print $2 }' "$PAIR_LOG")
+}
+amed() {  # KEY -> median or n/a
+    # shellcheck disable=SC2086  # word splitting of the value list is wanted
+    median ${API_VALS[$1]:-}
+}
+bench_api() {
+    local reps=${BENCH_API_REPS:-5} k
+    local -a keys=(lat8 lat8_tcp lat64k lat64k_tcp rate8 rate8_tcp)
+    API_BIN=$OUTDIR/api_bench
+    if ! ${CC:-cc} -std=c11 -D_GNU_SOURCE -O2 -o "$API_BIN" "$HERE/api_bench.c" \
+            -I"$HERE/../include" -L"$BUILD/lib" -Wl,-rpath,"$BUILD/lib" -lurdma \
+            >"$LOGS/api_bench-build.log" 2>&1; then
+        say "bench: building bench/api_bench.c failed (see $LOGS/api_bench-build.log)"
+        return
+    fi
+    tcp_path lo
+    say "bench: urdma API rows, $reps repetitions"
+    for REP in $(seq "$reps"); do
+        for k in "${keys[@]}"; do
+            [ "${API_FAILS[$k]:-0}" -ge 2 ] && continue
+            VAL=""
+            api_measure "$k"
+            if [[ $VAL =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+                API_VALS[$k]="${API_VALS[$k]:-} $VAL"
+                say "bench: api rep $REP $k = $VAL"
+            else
+                API_FAILS[$k]=$((${API_FAILS[$k]:-0} + 1))
+                say "bench: api rep $REP $k failed (see $LOGS/api-$k.$REP.*)"
+            fi
+        done
+    done
+    {
+        echo
+        echo "## The urdma API"
+        echo
+        echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC'), median of up to $reps runs; loopback, $PIN_TEXT;" \
+             "bench/api_bench.c: an echo server and client, each blocking in its library's waits."
+        echo
+        echo "| path | metric | urdma API | peer | peer figure | urdma/peer |"
+        echo "|---|---|---|---|---|---|"
+        tcp_row lo "echo 8 B, one-way µs (half the round trip)" "$(amed lat8)" \
+            "the same echo over kernel TCP" "$(amed lat8_tcp)"
+        tcp_row lo "echo 8 B, one-way µs" "$(amed lat8)" "raw verbs ib_send_lat 8 B (above; goal ≤ 1.1)" "$SL"
+        tcp_row lo "echo 8 B, one-way µs" "$(amed lat8)" "UCX ucp_am_lat 8 B (above; goal < 1)" "$UL"
+        tcp_row lo "echo 64 KiB, one-way µs" "$(amed lat64k)" \
+            "the same echo over kernel TCP" "$(amed lat64k_tcp)"
+        tcp_row lo "echo 8 B, Mmsg/s echoed, 32 in flight" "$(amed rate8)" \
+            "the same echo over kernel TCP" "$(amed rate8_tcp)"
+        echo
+        echo "Latency: lower is better; rates: higher is better. ib_send_lat is one-way in one" \
+             "direction; the echo carries each message there and back."
+        for k in "${!API_FAILS[@]}"; do
+            echo "$k: ${API_FAILS[$k]} failed run(s); logs in $LOGS."
+        done
+    } | tee -a "$RESULTS"
+}
+
 [ "${BENCH_REG:-1}" = 1 ] && bench_reg
 [ "${BENCH_CM:-1}" = 1 ] && bench_cm
+[ "${BENCH_API:-1}" = 1 ] && bench_api
 say "bench: results written to $RESULTS"
 exit 0
