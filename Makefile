@@ -34,12 +34,14 @@ check: all
 
 # Not under ASan: the tests that run Debian's client binaries on urdma (compat_,
 # security_, net_ but net_conformance_tcp, rdmacm_clients and rdmacm_rstream),
-# and abi_. Their hostile-input halves run under ASan in conf_hostile_shm.
+# abi_, and api_install (it links a program without ASan against the installed,
+# instrumented libraries). Their hostile-input halves run under ASan in
+# conf_hostile_shm.
 check-asan: deps
 	@scripts/deps.sh check
 	@test -f $(ASAN_BUILD)/CMakeCache.txt || cmake -S . -B $(ASAN_BUILD) -DURDMA_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
-	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --timeout 600 -E '^(compat|abi|security)_|^net_(rc_pingpong|perftest|wire_check|rdmacm)$$|^rdmacm_(clients|rstream)$$' $(CTEST_ARGS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --timeout 600 -E '^(compat|abi|security)_|^net_(rc_pingpong|perftest|wire_check|rdmacm)$$|^rdmacm_(clients|rstream)$$|^api_install$$' $(CTEST_ARGS)
 
 bench: all
 	@scripts/deps.sh bench
