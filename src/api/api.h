@@ -116,6 +116,7 @@ struct urdma_conn {
 	struct list_head dnode; /* ctx->dirty: credits or queue to flush */
 	struct list_head rnode; /* ctx->dead: CLOSED handed out */
 	struct list_head snode; /* ctx->starved: receives short of buffers */
+	struct list_head anode; /* ctx->accepting: rdma_accept at the next poll */
 	struct rdma_cm_id *id;
 	struct ibv_qp *qp;
 	enum api_state state;
@@ -185,7 +186,7 @@ struct urdma_ctx {
 	uint32_t nfree, nbufs;
 	struct urdma_mem *mems, *last_mem;
 	/* connections, and lists of some of them */
-	struct list_head conns, timed, dirty, dead, zombies, starved;
+	struct list_head conns, timed, dirty, dead, zombies, starved, accepting;
 	struct api_evq q;
 };
 

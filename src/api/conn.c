@@ -76,6 +76,7 @@ static urdma_conn *conn_new(urdma_ctx *ctx, void *user)
 	list_init(&c->dnode);
 	list_init(&c->rnode);
 	list_init(&c->snode);
+	list_init(&c->anode);
 	list_add_tail(&c->node, &ctx->conns);
 	return c;
 }
@@ -592,6 +593,7 @@ void api_conn_free(urdma_conn *c)
 	list_del(&c->dnode);
 	list_del(&c->rnode);
 	list_del(&c->snode);
+	list_del(&c->anode);
 	list_del(&c->node);
 	if (c->qp) {
 		rdma_destroy_qp(c->id);
@@ -814,6 +816,7 @@ static void on_request(urdma_conn *lis, struct rdma_cm_event *ev)
 		return;
 	}
 	timed_in(c, ctx->cfg.connect_timeout_ms);
+	list_add_tail(&c->anode, &ctx->accepting);
 	api_push(ctx, URDMA_EV_ACCEPTED, 0, c, c->user, c->peer_hello,
 		 c->peer_hello_len, 0);
 	api_kick(ctx); /* the next urdma_poll accepts it */
@@ -821,22 +824,20 @@ static void on_request(urdma_conn *lis, struct rdma_cm_event *ev)
 
 void api_accept_pending(urdma_ctx *ctx)
 {
-	urdma_conn *c;
-
-	list_for_each_entry(c, &ctx->timed, tnode) {
+	while (!list_empty(&ctx->accepting)) {
+		urdma_conn *c = list_entry(ctx->accepting.next, urdma_conn,
+					   anode);
 		struct rdma_conn_param p;
 		uint8_t pd[sizeof(struct api_hello) + URDMA_HELLO_MAX];
 
+		list_del(&c->anode);
 		if (c->state != ST_ACCEPTING)
-			continue;
+			continue; /* closed by the application first */
 		conn_params(c, &p, pd);
-		if (rdma_accept(c->id, &p)) {
+		if (rdma_accept(c->id, &p))
 			api_conn_fail(c, api_errno());
-			/* the timed list changed under us: look again */
-			api_accept_pending(ctx);
-			return;
-		}
-		c->state = ST_ACCEPT_SENT;
+		else
+			c->state = ST_ACCEPT_SENT;
 	}
 }
 

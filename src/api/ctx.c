@@ -133,6 +133,7 @@ API_EXPORT urdma_ctx *urdma_ctx_create(const urdma_cfg *cfg)
 	list_init(&ctx->dead);
 	list_init(&ctx->zombies);
 	list_init(&ctx->starved);
+	list_init(&ctx->accepting);
 	pthread_mutex_init(&ctx->lock, NULL);
 	ctx->epfd = ctx->evfd = ctx->tfd = -1;
 	ctx->verbs = pick_device(ctx, ctx->cfg.device);
