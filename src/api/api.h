@@ -53,6 +53,7 @@ struct api_slab {
 	uint8_t *base;
 	size_t bytes;
 	struct ibv_mr *mr;
+	uint8_t *held; /* per buffer: the application holds it */
 };
 
 struct api_buf {
@@ -204,8 +205,15 @@ void api_pool_fini(urdma_ctx *ctx);
 /* A free buffer and its lkey (NULL if none and the pool is full). */
 void *api_buf_get(urdma_ctx *ctx, uint32_t *lkey);
 void api_buf_put(urdma_ctx *ctx, void *buf);
-/* The lkey of the pool buffer that starts at p, or -1. */
+/* p as the application hands it to us (urdma_send, urdma_buf_free): the
+ * lkey of the pool buffer that starts at p; -ENOENT if p starts none (the
+ * application's own memory); -EINVAL if the application does not hold
+ * that buffer (given back twice, or sent). */
 int64_t api_buf_lkey(urdma_ctx *ctx, const void *p);
+/* Whether the application holds the pool buffer buf (urdma_buf_alloc and
+ * RECV events hand buffers over; urdma_send and urdma_buf_free take them
+ * back). */
+void api_buf_hold(urdma_ctx *ctx, void *buf, bool held);
 /* The lkey of [p, p+len) (pool or registered region), or -EFAULT; write:
  * the memory must be writable by the device. */
 int64_t api_lkey(urdma_ctx *ctx, const void *p, size_t len, bool write);

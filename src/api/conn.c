@@ -395,7 +395,7 @@ API_EXPORT int urdma_send(urdma_conn *c, const void *buf, size_t len,
 {
 	urdma_ctx *ctx;
 	uint32_t lkey;
-	int64_t lent;
+	int64_t lent = -ENOENT;
 	void *copy;
 	bool now;
 	int ret = 0;
@@ -420,7 +420,12 @@ API_EXPORT int urdma_send(urdma_conn *c, const void *buf, size_t len,
 		ret = -EMSGSIZE;
 		goto out;
 	}
-	lent = len ? api_buf_lkey(ctx, buf) : -1; /* a pool buffer: lent */
+	/* a pool buffer the application holds is lent, not copied */
+	lent = len ? api_buf_lkey(ctx, buf) : -ENOENT;
+	if (lent == -EINVAL) {
+		ret = -EINVAL; /* a pool buffer it gave back or sent already */
+		goto out;
+	}
 	now = !pending(c) && can_send_data(c);
 	if (now && (lent >= 0 || len <= ctx->cfg.inline_max)) {
 		ret = send_msg(c, (void *)buf, (uint32_t)len, lent, user, 0);
@@ -462,6 +467,8 @@ API_EXPORT int urdma_send(urdma_conn *c, const void *buf, size_t len,
 		.copy = lent < 0 };
 	c->pend_copies += lent < 0;
 out:
+	if (!ret && lent >= 0)
+		api_buf_hold(ctx, (void *)buf, false); /* ours until sent */
 	api_unlock(ctx);
 	return ret;
 }
@@ -990,6 +997,7 @@ static void on_recv(urdma_ctx *ctx, struct api_rrec *r, const struct ibv_wc *wc)
 			c->owed++;
 		}
 	} else {
+		api_buf_hold(ctx, r->buf, true);
 		api_push(ctx, URDMA_EV_RECV, 0, c, c->user, r->buf,
 			 wc->byte_len, 0);
 		if (c->state <= ST_CLOSING)

@@ -35,6 +35,7 @@ void api_pool_fini(urdma_ctx *ctx)
 		n = s->next;
 		ibv_dereg_mr(s->mr);
 		munmap(s->base, s->bytes);
+		free(s->held);
 		free(s);
 	}
 	ctx->slabs = NULL;
@@ -56,9 +57,13 @@ static int slab_add(urdma_ctx *ctx)
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
+	s->held = calloc(n, 1);
 	s->base = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
 		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (s->base == MAP_FAILED) {
+	if (!s->held || s->base == MAP_FAILED) {
+		if (s->base != MAP_FAILED)
+			munmap(s->base, bytes);
+		free(s->held);
 		free(s);
 		return -ENOMEM;
 	}
@@ -67,6 +72,7 @@ static int slab_add(urdma_ctx *ctx)
 		int err = -errno;
 
 		munmap(s->base, bytes);
+		free(s->held);
 		free(s);
 		return err ? err : -ENOMEM;
 	}
@@ -112,13 +118,33 @@ void api_buf_put(urdma_ctx *ctx, void *buf)
 	}
 }
 
-int64_t api_buf_lkey(urdma_ctx *ctx, const void *p)
+/* The held flag of the pool buffer that starts at p, or NULL. */
+static uint8_t *held_of(urdma_ctx *ctx, const void *p, struct api_slab **sp)
 {
 	struct api_slab *s = slab_of(ctx, p);
+	size_t off = s ? (size_t)((const uint8_t *)p - s->base) : 1;
 
-	return s && ((const uint8_t *)p - s->base) % ctx->cfg.buf_size == 0 ?
-		       (int64_t)s->mr->lkey :
-		       -1;
+	if (!s || off % ctx->cfg.buf_size)
+		return NULL;
+	*sp = s;
+	return &s->held[off / ctx->cfg.buf_size];
+}
+
+int64_t api_buf_lkey(urdma_ctx *ctx, const void *p)
+{
+	struct api_slab *s;
+	uint8_t *h = held_of(ctx, p, &s);
+
+	return !h ? -ENOENT : *h ? (int64_t)s->mr->lkey : -EINVAL;
+}
+
+void api_buf_hold(urdma_ctx *ctx, void *buf, bool held)
+{
+	struct api_slab *s;
+	uint8_t *h = held_of(ctx, buf, &s);
+
+	if (h)
+		*h = held;
 }
 
 static bool mem_holds(const struct urdma_mem *m, uint64_t a, size_t len)
@@ -161,21 +187,33 @@ API_EXPORT void *urdma_buf_alloc(urdma_ctx *ctx)
 	}
 	api_lock(ctx);
 	b = api_buf_get(ctx, NULL);
+	if (b)
+		api_buf_hold(ctx, b, true);
 	api_unlock(ctx);
 	if (!b)
 		errno = ENOBUFS;
 	return b;
 }
 
+/* A buffer the application does not hold is left alone: giving one back
+ * twice would put it twice on the free stack (and past its end). */
 API_EXPORT void urdma_buf_free(urdma_ctx *ctx, void *buf)
 {
+	int64_t k;
+
 	if (!ctx || !buf)
 		return;
 	api_lock(ctx);
-	if (api_buf_lkey(ctx, buf) >= 0)
+	k = api_buf_lkey(ctx, buf);
+	if (k >= 0) {
+		api_buf_hold(ctx, buf, false);
 		api_buf_put(ctx, buf);
-	else
-		urdma_info("%p is not a pool buffer", buf);
+	} else {
+		urdma_info("urdma_buf_free(%p): %s", buf,
+			   k == -ENOENT ? "not a pool buffer" :
+					  "not the application's (freed "
+					  "before, or sent)");
+	}
 	api_unlock(ctx);
 }
 

@@ -202,6 +202,21 @@ static void echo_client(struct t_peer *p, void *arg)
 	ev = expect(ctx, c, URDMA_EV_CONNECTED);
 	CHECK(ev.len == 3 && !memcmp(ev.buf, "srv", 3), "server hello");
 	CHECK(urdma_send(c, msg, 4097, NULL) == -EMSGSIZE, "too long");
+	{ /* a pool buffer given back is no longer the application's */
+		void *b = urdma_buf_alloc(ctx), *b2, *b3;
+
+		REQUIRE(b, "alloc");
+		urdma_buf_free(ctx, b);
+		urdma_buf_free(ctx, b); /* twice: left alone */
+		CHECK(urdma_send(c, b, 8, NULL) == -EINVAL,
+		      "send of a pool buffer given back");
+		b2 = urdma_buf_alloc(ctx);
+		b3 = urdma_buf_alloc(ctx);
+		CHECK(b2 && b3 && b2 != b3,
+		      "a buffer freed twice is handed out twice");
+		urdma_buf_free(ctx, b2);
+		urdma_buf_free(ctx, b3);
+	}
 	while (got < total) {
 		urdma_event e[16];
 		int n;
