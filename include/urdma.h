@@ -45,7 +45,9 @@ typedef struct urdma_mem urdma_mem;
 typedef struct urdma_cfg {
 	uint32_t queue_depth;	 /* messages in flight per connection, each
 				  * way: receives posted, send credits (64) */
-	uint32_t buf_size;	 /* the largest message, bytes (8192) */
+	uint32_t buf_size;	 /* the largest message, bytes; a
+				  * connection's is the smaller of its two
+				  * sides' (8192) */
 	uint32_t buf_count;	 /* pool buffers at most, >= queue_depth
 				  * (16384); the pool grows as needed */
 	uint32_t inline_max;	 /* sends up to this size go inline, not
@@ -129,7 +131,7 @@ void urdma_set_user(urdma_conn *conn, void *user);
 void *urdma_user(const urdma_conn *conn);
 int urdma_conn_port(const urdma_conn *conn);
 /* The most hello bytes urdma_listen and urdma_connect carry. */
-#define URDMA_HELLO_MAX 48
+#define URDMA_HELLO_MAX 44
 
 /* Messages */
 void *urdma_buf_alloc(urdma_ctx *ctx);

@@ -8,8 +8,9 @@
  * conn.c (connections: the CM, credits, messages), rma.c (one-sided
  * operations), strerror.c.
  *
- * Wire (between two liburdma ends; docs/urdma-api.md): the CM private data
- * carries struct api_hello then the application's hello.  Every message is
+ * Wire (between two liburdma ends): the CM private data carries struct
+ * api_hello then the application's hello, 56 bytes at most (what an IB CM
+ * REQ carries after rdma_cm's header).  Every message is
  * a SEND WITH IMMEDIATE; the immediate carries the receive credits the
  * sender grants (API_IMM_CREDITS) and two flags: API_IMM_UPDATE (credits
  * only, nothing for the application) and API_IMM_BYE (the sender closes:
@@ -34,13 +35,16 @@
 #define API_EXPORT __attribute__((visibility("default")))
 
 #define API_MAGIC 0x5552u /* "UR" */
-#define API_VERSION 1
+#define API_VERSION 2
 struct api_hello {
 	uint16_t magic;	  /* big-endian, as the rest */
 	uint8_t version;
 	uint8_t hello_len;
 	uint32_t credits; /* receives posted for the peer */
+	uint32_t max_msg; /* the largest message they take (buf_size) */
 } __attribute__((packed));
+_Static_assert(sizeof(struct api_hello) + URDMA_HELLO_MAX == 56,
+	       "CM private data");
 
 #define API_IMM_CREDITS 0x00ffffffu
 #define API_IMM_UPDATE 0x01000000u
@@ -139,6 +143,8 @@ struct urdma_conn {
 	uint32_t sq_size, sq_head, sq_tail; /* posted: head - tail */
 	uint32_t unsignaled;
 	uint32_t credits;   /* sends the peer has receives for */
+	uint32_t peer_max;  /* the largest message the peer takes; 0: not
+			     * known yet (not connected) */
 	uint32_t owed;	    /* receives re-posted, not yet granted */
 	struct api_pending *pend; /* a ring of pend_cap (a power of 2) */
 	uint32_t pend_cap, pend_head, pend_tail; /* queued: head - tail */

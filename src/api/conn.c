@@ -137,6 +137,7 @@ static void hello_make(urdma_conn *c, uint8_t *out, uint8_t *len,
 		.version = API_VERSION,
 		.hello_len = c->hello_len,
 		.credits = htonl(credits),
+		.max_msg = htonl(c->ctx->cfg.buf_size),
 	};
 
 	memcpy(out, &h, sizeof(h));
@@ -144,8 +145,8 @@ static void hello_make(urdma_conn *c, uint8_t *out, uint8_t *len,
 	*len = (uint8_t)(sizeof(h) + c->hello_len);
 }
 
-/* The peer's hello from CM private data: its credits; -EPROTO if it is
- * not a liburdma peer. */
+/* The peer's hello from CM private data: its credits and largest
+ * message; -EPROTO if it is not a liburdma peer. */
 static int hello_take(urdma_conn *c, const void *pd, uint8_t len)
 {
 	struct api_hello h;
@@ -155,9 +156,11 @@ static int hello_take(urdma_conn *c, const void *pd, uint8_t len)
 	memcpy(&h, pd, sizeof(h));
 	if (ntohs(h.magic) != API_MAGIC || h.version != API_VERSION ||
 	    h.hello_len > URDMA_HELLO_MAX ||
-	    sizeof(h) + h.hello_len > len || !ntohl(h.credits))
+	    sizeof(h) + h.hello_len > len || !ntohl(h.credits) ||
+	    !ntohl(h.max_msg))
 		return -EPROTO;
 	c->credits = ntohl(h.credits);
+	c->peer_max = ntohl(h.max_msg);
 	memcpy(c->peer_hello, (const uint8_t *)pd + sizeof(h), h.hello_len);
 	c->peer_hello_len = h.hello_len;
 	return 0;
@@ -416,7 +419,7 @@ API_EXPORT int urdma_send(urdma_conn *c, const void *buf, size_t len,
 		ret = -EPIPE;
 		goto out;
 	}
-	if (len > ctx->cfg.buf_size) {
+	if (len > ctx->cfg.buf_size || (c->peer_max && len > c->peer_max)) {
 		ret = -EMSGSIZE;
 		goto out;
 	}
@@ -491,6 +494,11 @@ static void flush(urdma_conn *c)
 		struct api_pending *p =
 			&c->pend[c->pend_tail & (c->pend_cap - 1)];
 
+		/* queued before the peer said what it takes */
+		if (p->len > c->peer_max) {
+			api_conn_fail(c, -EMSGSIZE);
+			return;
+		}
 		if (send_msg(c, p->buf, p->len, p->lkey, p->user, 0)) {
 			api_conn_fail(c, -EIO);
 			return;

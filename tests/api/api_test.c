@@ -436,6 +436,52 @@ static void killed_client(struct t_peer *p, void *arg)
 	}
 }
 
+/* ---- the two sides' largest messages differ ---- */
+
+static void sizes_server(struct t_peer *p, void *arg)
+{
+	urdma_cfg cfg = { .buf_size = 256 };
+	urdma_conn *lis;
+	urdma_ctx *ctx = serve(p, &cfg, NULL, 0, &lis);
+
+	echo_loop(ctx, lis, 2, NULL);
+	urdma_ctx_destroy(ctx);
+}
+
+/* The client takes 8 KiB, the server 256 B: a larger message is refused
+ * at urdma_send once connected, and fails the connection with -EMSGSIZE
+ * if it was queued before (never the peer's receive). */
+static void sizes_client(struct t_peer *p, void *arg)
+{
+	urdma_ctx *ctx = urdma_ctx_create(NULL);
+	static char msg[1000];
+	urdma_conn *a, *b;
+	urdma_event ev;
+	char addr[64];
+
+	REQUIRE(ctx, "ctx");
+	snprintf(addr, sizeof(addr), "%s:%u", host(),
+		 (unsigned)t_recv_u64(p, WAIT_MS));
+	a = urdma_connect(ctx, addr, NULL, 0, NULL);
+	REQUIRE(a, "connect: %s", strerror(errno));
+	CHECK(urdma_send(a, msg, sizeof(msg), NULL) == 0, "queued");
+	CHECK(urdma_wait(ctx, a, URDMA_EV_CLOSED, &ev, WAIT_MS) == 0 &&
+		      ev.type == URDMA_EV_CLOSED && ev.status == -EMSGSIZE,
+	      "queued, too large for the peer: event %d, %s", ev.type,
+	      urdma_strerror(ev.status));
+	b = urdma_connect(ctx, addr, NULL, 0, NULL);
+	REQUIRE(b, "connect: %s", strerror(errno));
+	expect(ctx, b, URDMA_EV_CONNECTED);
+	CHECK(urdma_send(b, msg, 257, NULL) == -EMSGSIZE, "257 B to 256 B");
+	CHECK(urdma_send(b, msg, 256, NULL) == 0, "256 B");
+	ev = expect(ctx, b, URDMA_EV_RECV);
+	CHECK(ev.len == 256, "echo of %zu bytes", ev.len);
+	urdma_buf_free(ctx, ev.buf);
+	urdma_close(b);
+	CHECK(expect(ctx, b, URDMA_EV_CLOSED).status == 0, "closed in order");
+	urdma_ctx_destroy(ctx);
+}
+
 /* ---- nobody listens ---- */
 
 static void refused(void *arg)
@@ -779,6 +825,7 @@ int main(int argc, char **argv)
 			     .buf_count = 12, .spin_us = -1 });
 	t_pair("receiver_keeps_buffers", hold_server, hold_client, NULL);
 	t_pair("peer_killed", killed_server, killed_client, NULL);
+	t_pair("sizes_differ", sizes_server, sizes_client, NULL);
 	t_case("refused", refused, NULL);
 	t_pair("one_sided", rma_server, rma_client, NULL);
 	t_pair("many_connections", many_server, many_client, NULL);
