@@ -784,13 +784,23 @@ API_EXPORT urdma_conn *urdma_connect(urdma_ctx *ctx, const char *hostport,
 
 API_EXPORT void urdma_set_user(urdma_conn *c, void *user)
 {
-	if (c)
-		c->user = user;
+	if (!c)
+		return;
+	api_lock(c->ctx);
+	c->user = user;
+	api_unlock(c->ctx);
 }
 
 API_EXPORT void *urdma_user(const urdma_conn *c)
 {
-	return c ? c->user : NULL;
+	void *user;
+
+	if (!c)
+		return NULL;
+	api_lock(c->ctx);
+	user = c->user;
+	api_unlock(c->ctx);
+	return user;
 }
 
 API_EXPORT int urdma_conn_port(const urdma_conn *c)

@@ -11,6 +11,8 @@
 
 API_EXPORT const char *urdma_strerror(int err)
 {
+	if (err > 0)
+		err = -err; /* errno's sign, as strerror takes it */
 	switch (err) {
 	case 0:
 		return "success";
@@ -44,6 +46,6 @@ API_EXPORT const char *urdma_strerror(int err)
 	case -ENOTCONN:
 		return "not connected";
 	default:
-		return strerror(err < 0 ? -err : err);
+		return strerror(-err);
 	}
 }
