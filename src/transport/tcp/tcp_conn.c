@@ -123,8 +123,6 @@ static bool passive_pending(const struct tcp_conn *c)
 	return st == C_WAIT_REQ || st == C_PENDING_QP;
 }
 
-static void pending_look(uint64_t t);
-
 /* Listeners accept, or leave new connections in the kernel's backlog. */
 static void listeners_pause(bool pause)
 {
@@ -138,6 +136,13 @@ static void listeners_pause(bool pause)
 			urdma_progress_watch_events(l->fd, pause ? 0 : EPOLLIN,
 						    URDMA_WATCH_FN, &l->w, true);
 	}
+}
+
+/* While listeners are paused, tcp_tick calls pending_admit by t. */
+static void pending_look(uint64_t t)
+{
+	atomic_store(&T.look_ns, t);
+	urdma_progress_by(t);
 }
 
 /* Keep accepted connections within the bounds (tcp.h): close those that
@@ -174,13 +179,6 @@ static void pending_admit(void)
 	if (count >= PENDING_MAX)
 		pending_look(now + PENDING_LOOK_NS < next ? now + PENDING_LOOK_NS :
 							    next);
-}
-
-/* While listeners are paused, tcp_tick calls pending_admit by t. */
-static void pending_look(uint64_t t)
-{
-	atomic_store(&T.look_ns, t);
-	urdma_progress_by(t);
 }
 
 void tcp_tick(void)
