@@ -14,19 +14,12 @@ static urdma_conn *lis;
 static uv_poll_t poller;
 static uv_signal_t sigs[2];
 
-static void stop(void)
-{
-	uv_close((uv_handle_t *)&poller, NULL);
-	uv_close((uv_handle_t *)&sigs[0], NULL);
-	uv_close((uv_handle_t *)&sigs[1], NULL);
-}
-
 static void on_urdma(uv_poll_t *h, int status, int events)
 {
 	urdma_event ev[32];
 	int n;
 
-	(void)h, (void)status, (void)events;
+	(void)status, (void)events;
 	while ((n = urdma_poll(ctx, ev, 32, 0)) > 0) {
 		for (int i = 0; i < n; i++) {
 			if (ev[i].type == URDMA_EV_RECV &&
@@ -35,17 +28,20 @@ static void on_urdma(uv_poll_t *h, int status, int events)
 				urdma_close(ev[i].conn);
 			} else if (ev[i].type == URDMA_EV_CLOSED &&
 				   ev[i].conn == lis) {
-				stop();
+				uv_stop(h->loop);
 				return;
 			}
 		}
 	}
 }
 
+/* The handles stay open to the end: closing a signal handle gives the
+ * signal back its default action, and a second SIGTERM (as timeout(1)
+ * sends one to the process and one to its group) would then kill us. */
 static void on_signal(uv_signal_t *h, int sig)
 {
-	(void)h, (void)sig;
-	stop();
+	(void)sig;
+	uv_stop(h->loop);
 }
 
 int main(int argc, char **argv)
@@ -71,7 +67,6 @@ int main(int argc, char **argv)
 	printf("listening on port %d (libuv)\n", urdma_conn_port(lis));
 	fflush(stdout);
 	uv_run(loop, UV_RUN_DEFAULT);
-	uv_loop_close(loop);
 	urdma_ctx_destroy(ctx);
 	return 0;
 }
