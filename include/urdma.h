@@ -51,7 +51,8 @@ typedef struct urdma_cfg {
 	uint32_t buf_count;	 /* pool buffers at most, >= queue_depth
 				  * (16384); the pool grows as needed */
 	uint32_t inline_max;	 /* sends up to this size go inline, not
-				  * copied into a pool buffer (128) */
+				  * copied into a pool buffer; less if the
+				  * device takes less (128, or buf_size) */
 	int connect_timeout_ms;	 /* resolve and connect (5000) */
 	int op_timeout_ms;	 /* no answer from the peer for this long:
 				  * the connection fails (2000, about) */
@@ -97,7 +98,8 @@ enum urdma_event_type {
 	URDMA_EV_WRITE,	       /* a write with a user pointer is done */
 	URDMA_EV_READ,	       /* a read is done */
 	URDMA_EV_ATOMIC,       /* an atomic is done; value: the old value */
-	URDMA_EV_WRITABLE,     /* a send that got -EAGAIN may go now */
+	URDMA_EV_WRITABLE,     /* a send, write, read or atomic that got
+				* -EAGAIN may go now */
 	URDMA_EV_CLOSED,       /* the last event of a connection; status 0
 				* for an orderly close by either side */
 };
@@ -113,7 +115,8 @@ typedef struct urdma_event {
 	uint64_t value;	  /* ATOMIC: the value before */
 } urdma_event;
 
-/* Contexts */
+/* Contexts.  urdma_ctx_destroy closes what is open as urdma_close does
+ * (for up to op_timeout_ms), then frees everything. */
 urdma_ctx *urdma_ctx_create(const urdma_cfg *cfg);
 void urdma_ctx_destroy(urdma_ctx *ctx);
 int urdma_ctx_fd(urdma_ctx *ctx);
@@ -121,7 +124,8 @@ int urdma_poll(urdma_ctx *ctx, urdma_event *ev, int max, int timeout_ms);
 int urdma_wait(urdma_ctx *ctx, urdma_conn *conn, int type, urdma_event *ev,
 	       int timeout_ms);
 
-/* Connections */
+/* Connections.  A host name is looked up with getaddrinfo(3), which may
+ * block; a numeric address never does. */
 urdma_conn *urdma_listen(urdma_ctx *ctx, const char *hostport,
 			 const void *hello, size_t len, void *user);
 urdma_conn *urdma_connect(urdma_ctx *ctx, const char *hostport,

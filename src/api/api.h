@@ -141,6 +141,7 @@ struct urdma_conn {
 	/* send queue */
 	struct api_srec *srec;
 	uint32_t sq_size, sq_head, sq_tail; /* posted: head - tail */
+	uint32_t inline_max; /* cfg's, or less if the device takes less */
 	uint32_t unsignaled;
 	uint32_t credits;   /* sends the peer has receives for */
 	uint32_t peer_max;  /* the largest message the peer takes; 0: not
@@ -194,10 +195,13 @@ struct urdma_ctx {
 	struct urdma_mem *mems, *last_mem;
 	/* connections, and lists of some of them */
 	struct list_head conns, timed, dirty, dead, zombies, starved, accepting;
+	uint32_t nconns; /* live (not yet freed): room kept in q for each */
 	struct api_evq q;
 };
 
 /* ctx.c */
+int api_evq_reserve(urdma_ctx *ctx);
+void api_evq_release(urdma_ctx *ctx);
 int api_push(urdma_ctx *ctx, int type, int status, urdma_conn *c, void *user,
 	     void *buf, size_t len, uint64_t value);
 void api_kick(urdma_ctx *ctx);
@@ -234,6 +238,8 @@ void api_reap(urdma_ctx *ctx);
 void api_conn_fail(urdma_conn *c, int err);
 void api_conn_free(urdma_conn *c);
 void api_mark_dirty(urdma_conn *c);
+uint32_t api_sq_size(uint32_t depth);
+bool api_close_all(urdma_ctx *ctx);
 int api_post_send(urdma_conn *c, struct ibv_send_wr *wr, void *buf,
 		  void *user, uint8_t op, bool event, uint16_t slot);
 

@@ -66,8 +66,10 @@ static urdma_conn *conn_new(urdma_ctx *ctx, void *user)
 	/* sends may be queued before the connection is made */
 	c->pend_cap = 16; /* grows: the pool bounds what may wait */
 	c->pend = calloc(c->pend_cap, sizeof(*c->pend));
-	if (!c->pend) {
+	if (!c->pend || api_evq_reserve(ctx)) {
+		free(c->pend);
 		free(c);
+		errno = ENOMEM;
 		return NULL;
 	}
 	c->ctx = ctx;
@@ -123,7 +125,7 @@ static int resolve(const char *hostport, bool passive, struct addrinfo **res)
 	case EAI_MEMORY:
 		return -ENOMEM;
 	case EAI_SYSTEM:
-		return -errno;
+		return errno ? -errno : -EIO;
 	default:
 		return -EHOSTUNREACH;
 	}
@@ -239,7 +241,7 @@ static uint8_t ack_timeout(int op_ms)
 static int qp_setup(urdma_conn *c, struct rdma_cm_id *id)
 {
 	urdma_ctx *ctx = c->ctx;
-	uint32_t depth = ctx->cfg.queue_depth, sq = 8;
+	uint32_t depth = ctx->cfg.queue_depth, sq = api_sq_size(depth);
 	struct ibv_qp_init_attr a = {
 		.send_cq = ctx->cq,
 		.recv_cq = ctx->cq,
@@ -253,15 +255,16 @@ static int qp_setup(urdma_conn *c, struct rdma_cm_id *id)
 
 	if (id->verbs != ctx->verbs)
 		return -EXDEV; /* another device than the context's */
-	while (sq < depth * 2)
-		sq *= 2; /* a power of two: records are indexed by a mask */
 	a.cap.max_send_wr = sq + 1; /* + the drain WR */
 	ret = api_cq_grow(ctx, (int)(depth * 3 + 2));
 	if (ret)
 		return ret;
 	rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &to,
 			sizeof(to));
-	if (rdma_create_qp(id, ctx->pd, &a)) {
+	/* a device that takes less inline data (or none): what it takes */
+	if (rdma_create_qp(id, ctx->pd, &a) &&
+	    (!a.cap.max_inline_data || errno != EINVAL ||
+	     (a.cap.max_inline_data = 0, rdma_create_qp(id, ctx->pd, &a)))) {
 		ret = api_errno();
 		api_cq_grow(ctx, -(int)(depth * 3 + 2));
 		return ret;
@@ -270,6 +273,8 @@ static int qp_setup(urdma_conn *c, struct rdma_cm_id *id)
 	c->qp = id->qp;
 	c->sq_size = sq;
 	c->rq_size = depth;
+	c->inline_max = a.cap.max_inline_data < ctx->cfg.inline_max ?
+				a.cap.max_inline_data : ctx->cfg.inline_max;
 	c->srec = calloc(c->sq_size, sizeof(*c->srec));
 	c->rrec = calloc(c->rq_size, sizeof(*c->rrec));
 	if (!c->srec || !c->rrec)
@@ -304,6 +309,17 @@ static void conn_params(urdma_conn *c, struct rdma_conn_param *p,
 }
 
 /* ---- sending ---- */
+
+/* A connection's send queue: two WRs per credit (a message, and a write
+ * or a read beside it), a power of two as records are indexed by a mask. */
+uint32_t api_sq_size(uint32_t depth)
+{
+	uint32_t sq = 8;
+
+	while (sq < depth * 2)
+		sq *= 2;
+	return sq;
+}
 
 static uint32_t sq_used(const urdma_conn *c)
 {
@@ -430,7 +446,7 @@ API_EXPORT int urdma_send(urdma_conn *c, const void *buf, size_t len,
 		goto out;
 	}
 	now = !pending(c) && can_send_data(c);
-	if (now && (lent >= 0 || len <= ctx->cfg.inline_max)) {
+	if (now && (lent >= 0 || len <= c->inline_max)) {
 		ret = send_msg(c, (void *)buf, (uint32_t)len, lent, user, 0);
 		goto out;
 	}
@@ -509,8 +525,8 @@ static void flush(urdma_conn *c)
 	if (c->want_writable && c->pend_copies < ctx->cfg.queue_depth &&
 	    (ctx->nfree || ctx->nbufs < ctx->cfg.buf_count) &&
 	    c->state == ST_OPEN) {
-		c->want_writable = false;
-		api_push(ctx, URDMA_EV_WRITABLE, 0, c, c->user, NULL, 0, 0);
+		c->want_writable = api_push(ctx, URDMA_EV_WRITABLE, 0, c,
+					    c->user, NULL, 0, 0) != 0;
 	}
 	if (c->state == ST_CLOSING && !pending(c) && !c->bye_sent) {
 		if (c->credits >= 1 && sq_used(c) < c->sq_size &&
@@ -604,6 +620,7 @@ void api_conn_free(urdma_conn *c)
 {
 	urdma_ctx *ctx = c->ctx;
 
+	api_evq_release(ctx);
 	timed_del(c);
 	list_del(&c->dnode);
 	list_del(&c->rnode);
@@ -649,17 +666,13 @@ void api_reap(urdma_ctx *ctx)
 		api_conn_free(list_entry(ctx->dead.next, urdma_conn, rnode));
 }
 
-API_EXPORT void urdma_close(urdma_conn *c)
+static void close_locked(urdma_conn *c)
 {
-	urdma_ctx *ctx;
+	urdma_ctx *ctx = c->ctx;
 
-	if (!c)
-		return;
-	ctx = c->ctx;
-	api_lock(ctx);
 	if (c->closed_by_app || c->state >= ST_CLOSING) {
 		c->closed_by_app = true;
-		goto out;
+		return;
 	}
 	c->closed_by_app = true;
 	switch (c->state) {
@@ -681,8 +694,29 @@ API_EXPORT void urdma_close(urdma_conn *c)
 		api_conn_fail(c, -ECANCELED);
 		break;
 	}
-out:
-	api_unlock(ctx);
+}
+
+API_EXPORT void urdma_close(urdma_conn *c)
+{
+	if (!c)
+		return;
+	api_lock(c->ctx);
+	close_locked(c);
+	api_unlock(c->ctx);
+}
+
+/* urdma_ctx_destroy: every connection closes as urdma_close does; true
+ * while some are still sending what was queued, or their goodbye. */
+bool api_close_all(urdma_ctx *ctx)
+{
+	urdma_conn *c, *n;
+	bool closing = false;
+
+	list_for_each_entry_safe(c, n, &ctx->conns, node) {
+		close_locked(c);
+		closing |= c->state == ST_CLOSING;
+	}
+	return closing;
 }
 
 void api_expire(urdma_ctx *ctx, uint64_t now)
@@ -1014,10 +1048,13 @@ static void on_recv(urdma_ctx *ctx, struct api_rrec *r, const struct ibv_wc *wc)
 		} else {
 			c->owed++;
 		}
+	} else if (api_push(ctx, URDMA_EV_RECV, 0, c, c->user, r->buf,
+			    wc->byte_len, 0)) {
+		api_buf_put(ctx, r->buf); /* no room to say it: the end */
+		r->buf = NULL;
+		api_conn_fail(c, -ENOMEM);
 	} else {
 		api_buf_hold(ctx, r->buf, true);
-		api_push(ctx, URDMA_EV_RECV, 0, c, c->user, r->buf,
-			 wc->byte_len, 0);
 		if (c->state <= ST_CLOSING)
 			recv_fill(c, r); /* the old buffer is the application's */
 		else
@@ -1049,12 +1086,13 @@ static void on_send(urdma_ctx *ctx, struct api_srec *r, const struct ibv_wc *wc)
 			c->aslot_busy--;
 		if (s != r)
 			continue;
-		if (s->event)
-			api_push(ctx, type[s->op], err, c, s->user, NULL,
-				 wc->byte_len,
-				 s->op == OP_ATOMIC && !err ? c->aslots[s->slot] :
-							      0);
-		else if (s->op == OP_BYE && !err && c->state == ST_CLOSING)
+		if (s->event) {
+			if (api_push(ctx, type[s->op], err, c, s->user, NULL,
+				     wc->byte_len,
+				     s->op == OP_ATOMIC && !err ?
+					     c->aslots[s->slot] : 0))
+				api_conn_fail(c, -ENOMEM);
+		} else if (s->op == OP_BYE && !err && c->state == ST_CLOSING)
 			conn_disconnect(c); /* the goodbye is there */
 		break;
 	}

@@ -61,8 +61,9 @@ static int cfg_check(urdma_cfg *c)
 		c->buf_size = DEF_BUF_SIZE;
 	if (!c->buf_count)
 		c->buf_count = DEF_BUF_COUNT;
-	if (!c->inline_max)
-		c->inline_max = DEF_INLINE;
+	if (!c->inline_max) /* (a device may take less: conn.c) */
+		c->inline_max = c->buf_size && c->buf_size < DEF_INLINE ?
+					c->buf_size : DEF_INLINE;
 	if (!c->connect_timeout_ms)
 		c->connect_timeout_ms = DEF_CONNECT_MS;
 	if (!c->op_timeout_ms)
@@ -126,6 +127,7 @@ API_EXPORT urdma_ctx *urdma_ctx_create(const urdma_cfg *cfg)
 		errno = -err;
 		return NULL;
 	}
+	errno = 0; /* fail: below says what the step that failed set */
 	ctx->threadsafe = ctx->cfg.flags & URDMA_CFG_THREADSAFE;
 	list_init(&ctx->conns);
 	list_init(&ctx->timed);
@@ -142,7 +144,11 @@ API_EXPORT urdma_ctx *urdma_ctx_create(const urdma_cfg *cfg)
 	ctx->cfg.device = NULL; /* not kept: the caller's string */
 	if (ibv_query_device(ctx->verbs, &ctx->dattr))
 		goto fail;
-	if (ctx->cfg.queue_depth * 2 > (uint32_t)ctx->dattr.max_qp_wr) {
+	/* what a connection's QP and its share of the CQ will ask for */
+	if (api_sq_size(ctx->cfg.queue_depth) + 1 >
+		    (uint32_t)ctx->dattr.max_qp_wr ||
+	    ctx->cfg.queue_depth * 3 + 2 > (uint32_t)ctx->dattr.max_cqe ||
+	    ctx->cfg.buf_size > ctx->dattr.max_mr_size) {
 		errno = EINVAL;
 		goto fail;
 	}
@@ -179,46 +185,6 @@ fail:
 	return NULL;
 }
 
-API_EXPORT void urdma_ctx_destroy(urdma_ctx *ctx)
-{
-	if (!ctx)
-		return;
-	while (!list_empty(&ctx->conns))
-		api_conn_free(list_entry(ctx->conns.next, urdma_conn, node));
-	if (ctx->cq) {
-		if (ctx->cq_events)
-			ibv_ack_cq_events(ctx->cq, ctx->cq_events);
-		ibv_destroy_cq(ctx->cq);
-		ctx->cq = NULL;
-	}
-	while (!list_empty(&ctx->zombies)) {
-		urdma_conn *z = list_entry(ctx->zombies.next, urdma_conn, node);
-
-		list_del(&z->node);
-		free(z->srec);
-		free(z->rrec);
-		free(z);
-	}
-	while (ctx->mems)
-		urdma_dereg(ctx->mems);
-	api_pool_fini(ctx);
-	if (ctx->cch)
-		ibv_destroy_comp_channel(ctx->cch);
-	if (ctx->pd)
-		ibv_dealloc_pd(ctx->pd);
-	if (ctx->cm)
-		rdma_destroy_event_channel(ctx->cm);
-	if (ctx->epfd >= 0)
-		close(ctx->epfd);
-	if (ctx->evfd >= 0)
-		close(ctx->evfd);
-	if (ctx->tfd >= 0)
-		close(ctx->tfd);
-	pthread_mutex_destroy(&ctx->lock);
-	free(ctx->q.ev);
-	free(ctx);
-}
-
 API_EXPORT int urdma_ctx_fd(urdma_ctx *ctx)
 {
 	if (!ctx)
@@ -233,25 +199,62 @@ API_EXPORT int urdma_ctx_fd(urdma_ctx *ctx)
 
 /* ---- the event queue ---- */
 
+/*
+ * Room: every live connection may still need two events (ACCEPTED or
+ * CONNECTED, and its CLOSED), and those always fit: api_evq_reserve makes
+ * the room when the connection is made, where a failure can be returned.
+ * The queue grows ahead of need; any other event fails with -ENOMEM only
+ * when it cannot grow and that reserve is all that is left (the caller
+ * then fails its connection, which reports it).
+ */
+static int evq_grow(struct api_evq *q)
+{
+	uint32_t cap = q->cap ? q->cap * 2 : 64;
+	urdma_event *ev = malloc(cap * sizeof(*ev));
+
+	if (!ev)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < q->tail - q->head; i++)
+		ev[i] = q->ev[(q->head + i) & (q->cap - 1)];
+	q->tail -= q->head;
+	q->head = 0;
+	free(q->ev);
+	q->ev = ev;
+	q->cap = cap;
+	return 0;
+}
+
+static uint32_t evq_room(const struct api_evq *q)
+{
+	return q->cap - (q->tail - q->head);
+}
+
+int api_evq_reserve(urdma_ctx *ctx)
+{
+	while (evq_room(&ctx->q) < 2 * (ctx->nconns + 1) + 1)
+		if (evq_grow(&ctx->q))
+			return -ENOMEM;
+	ctx->nconns++;
+	return 0;
+}
+
+void api_evq_release(urdma_ctx *ctx)
+{
+	ctx->nconns--;
+}
+
 int api_push(urdma_ctx *ctx, int type, int status, urdma_conn *c, void *user,
 	     void *buf, size_t len, uint64_t value)
 {
 	struct api_evq *q = &ctx->q;
+	bool conn_ev = type == URDMA_EV_ACCEPTED ||
+		       type == URDMA_EV_CONNECTED || type == URDMA_EV_CLOSED;
+	uint32_t keep = conn_ev ? 0 : 2 * ctx->nconns;
 
-	if (q->tail - q->head == q->cap) {
-		uint32_t cap = q->cap ? q->cap * 2 : 64;
-		urdma_event *ev = malloc(cap * sizeof(*ev));
-
-		if (!ev)
-			return -ENOMEM;
-		for (uint32_t i = 0; i < q->tail - q->head; i++)
-			ev[i] = q->ev[(q->head + i) & (q->cap - 1)];
-		q->tail -= q->head;
-		q->head = 0;
-		free(q->ev);
-		q->ev = ev;
-		q->cap = cap;
-	}
+	if (evq_room(q) <= keep + q->cap / 4)
+		evq_grow(q); /* early; a failure leaves the room there is */
+	if (!evq_room(q) || evq_room(q) <= keep)
+		return -ENOMEM;
 	q->ev[q->tail++ & (q->cap - 1)] = (urdma_event){
 		.type = type, .status = status, .conn = c, .user = user,
 		.buf = buf, .len = len, .value = value,
@@ -484,6 +487,66 @@ static void sleep_fd(urdma_ctx *ctx, int timeout_ms)
 	api_unlock(ctx);
 	poll(&p, 1, timeout_ms);
 	api_lock(ctx);
+}
+
+/* Open connections send what is queued and say goodbye, as urdma_close
+ * has them do, for up to op_timeout_ms (the CLOSING deadline): the peer
+ * sees an orderly close, not a reset. */
+static void goodbye(urdma_ctx *ctx)
+{
+	if (!ctx->cq || !ctx->cm)
+		return; /* a create that failed */
+	api_lock(ctx);
+	while (api_close_all(ctx)) {
+		progress(ctx);
+		if (!api_close_all(ctx))
+			break;
+		if (!arm(ctx))
+			sleep_fd(ctx, 10);
+		ctx->fds_ns = 0;
+	}
+	api_unlock(ctx);
+}
+
+API_EXPORT void urdma_ctx_destroy(urdma_ctx *ctx)
+{
+	if (!ctx)
+		return;
+	goodbye(ctx);
+	while (!list_empty(&ctx->conns))
+		api_conn_free(list_entry(ctx->conns.next, urdma_conn, node));
+	if (ctx->cq) {
+		if (ctx->cq_events)
+			ibv_ack_cq_events(ctx->cq, ctx->cq_events);
+		ibv_destroy_cq(ctx->cq);
+		ctx->cq = NULL;
+	}
+	while (!list_empty(&ctx->zombies)) {
+		urdma_conn *z = list_entry(ctx->zombies.next, urdma_conn, node);
+
+		list_del(&z->node);
+		free(z->srec);
+		free(z->rrec);
+		free(z);
+	}
+	while (ctx->mems)
+		urdma_dereg(ctx->mems);
+	api_pool_fini(ctx);
+	if (ctx->cch)
+		ibv_destroy_comp_channel(ctx->cch);
+	if (ctx->pd)
+		ibv_dealloc_pd(ctx->pd);
+	if (ctx->cm)
+		rdma_destroy_event_channel(ctx->cm);
+	if (ctx->epfd >= 0)
+		close(ctx->epfd);
+	if (ctx->evfd >= 0)
+		close(ctx->evfd);
+	if (ctx->tfd >= 0)
+		close(ctx->tfd);
+	pthread_mutex_destroy(&ctx->lock);
+	free(ctx->q.ev);
+	free(ctx);
 }
 
 static int remaining_ms(uint64_t end_ns)

@@ -5,13 +5,22 @@
  * Every check is made before anything is posted: the connection is open,
  * the region allows the operation, [off, off+len) lies inside it, the local
  * side is a pool buffer or inside a registered region (a write of at most
- * inline_max bytes may come from anywhere), an atomic's target is 8-byte
- * aligned.  A failure returns an error and posts nothing.
+ * the connection's inline size may come from anywhere), an atomic's target
+ * is 8-byte aligned.  A failure returns an error and posts nothing; -EAGAIN (the
+ * send queue or the atomics' result slots are full) is followed by a
+ * WRITABLE event when there is room again.
  */
 #include <errno.h>
 #include <string.h>
 
 #include "api/api.h"
+
+/* No room now: WRITABLE says when there is. */
+static int busy(urdma_conn *c)
+{
+	c->want_writable = true;
+	return -EAGAIN;
+}
 
 static int check(urdma_conn *c, const urdma_rmem *rm, uint64_t off,
 		 uint64_t len, uint32_t need)
@@ -23,14 +32,14 @@ static int check(urdma_conn *c, const urdma_rmem *rm, uint64_t off,
 		       c->err		      ? c->err :
 		       c->state < ST_OPEN     ? -EAGAIN :
 						-ENOTCONN;
+	if (c->bye_rcvd) /* the peer closed: it is disconnecting */
+		return -EPIPE;
 	if (!(rm->access & need))
 		return -EACCES;
 	if (off > rm->len || len > rm->len - off ||
 	    rm->addr + off < rm->addr)
 		return -ERANGE;
-	if (c->sq_head - c->sq_tail >= c->sq_size)
-		return -EAGAIN;
-	return 0;
+	return c->sq_head - c->sq_tail < c->sq_size ? 0 : busy(c);
 }
 
 static int rdma_op(urdma_conn *c, bool write, void *local, size_t len,
@@ -58,7 +67,7 @@ static int rdma_op(urdma_conn *c, bool write, void *local, size_t len,
 		ret = -EMSGSIZE;
 		goto out;
 	}
-	if (write && len <= ctx->cfg.inline_max) {
+	if (write && len <= c->inline_max) {
 		wr.send_flags = IBV_SEND_INLINE;
 	} else if (len) {
 		lkey = api_lkey(ctx, local, len, !write);
@@ -119,7 +128,7 @@ API_EXPORT int urdma_atomic(urdma_conn *c, int op, const urdma_rmem *rm,
 		/* the results land in one pool buffer of the connection */
 		c->aslots = api_buf_get(ctx, &c->aslot_lkey);
 		if (!c->aslots) {
-			ret = -EAGAIN;
+			ret = busy(c);
 			goto out;
 		}
 		c->aslot_n = ctx->cfg.buf_size / 8;
@@ -127,7 +136,7 @@ API_EXPORT int urdma_atomic(urdma_conn *c, int op, const urdma_rmem *rm,
 			c->aslot_n = c->sq_size;
 	}
 	if (c->aslot_busy == c->aslot_n) {
-		ret = -EAGAIN;
+		ret = busy(c);
 		goto out;
 	}
 	/* results come back in order: a ring */

@@ -56,6 +56,7 @@ static void cfg_errors(void *arg)
 		{ .device = "no_such_device" },
 		{ .queue_depth = 8, .buf_count = 7 },
 		{ .spin_us = -2 },
+		{ .queue_depth = 8192 }, /* a send queue of 16,385 WRs */
 	};
 	urdma_ctx *ctx;
 	char big[URDMA_HELLO_MAX + 1] = { 0 };
@@ -68,6 +69,10 @@ static void cfg_errors(void *arg)
 		if (ctx)
 			urdma_ctx_destroy(ctx);
 	}
+	/* the default inline size follows a small buffer size */
+	ctx = urdma_ctx_create(&(urdma_cfg){ .buf_size = 64 });
+	CHECK(ctx, "64-byte buffers: %s", strerror(errno));
+	urdma_ctx_destroy(ctx);
 	ctx = urdma_ctx_create(NULL);
 	REQUIRE(ctx, "defaults: %s", strerror(errno));
 	CHECK(urdma_ctx_fd(ctx) >= 0, "fd");
@@ -638,6 +643,86 @@ static void rma_client(struct t_peer *p, void *arg)
 	free(unreg);
 }
 
+/* ---- a full send queue, and a context destroyed while connected ---- */
+
+static void full_server(struct t_peer *p, void *arg)
+{
+	static uint64_t mem[64];
+	urdma_rmem desc;
+	urdma_ctx *ctx = urdma_ctx_create(NULL);
+	urdma_conn *lis;
+	urdma_mem *m;
+	urdma_event ev;
+	char addr[64];
+
+	REQUIRE(ctx, "ctx");
+	m = urdma_reg(ctx, mem, sizeof(mem),
+		      URDMA_REMOTE_WRITE | URDMA_REMOTE_ATOMIC, &desc);
+	REQUIRE(m, "reg");
+	snprintf(addr, sizeof(addr), "%s:0", host());
+	lis = urdma_listen(ctx, addr, &desc, sizeof(desc), NULL);
+	REQUIRE(lis, "listen");
+	t_send_u64(p, (uint64_t)urdma_conn_port(lis));
+	ev = expect(ctx, NULL, URDMA_EV_ACCEPTED);
+	/* the client destroys its context without closing: still a goodbye */
+	ev = expect(ctx, ev.conn, URDMA_EV_CLOSED);
+	CHECK(ev.status == 0, "closed in order by urdma_ctx_destroy: %s",
+	      urdma_strerror(ev.status));
+	CHECK(mem[0] == (uint64_t)t_recv_u64(p, WAIT_MS),
+	      "the last write and every fetch-and-add landed: %llu",
+	      (unsigned long long)mem[0]);
+	urdma_dereg(m);
+	urdma_ctx_destroy(ctx);
+}
+
+/* Post without polling until -EAGAIN; WRITABLE then says it may go on. */
+static int fill(urdma_ctx *ctx, urdma_conn *c, const urdma_rmem *rm,
+		bool atomic, uint64_t *val)
+{
+	int n = 0, r;
+
+	for (;; n++) {
+		uint64_t v = *val + 1;
+
+		r = atomic ? urdma_atomic(c, URDMA_FADD, rm, 0, 1, 0, NULL) :
+			     urdma_write(c, &v, 8, rm, 0, NULL);
+		if (r)
+			break;
+		*val = v;
+		REQUIRE(n < 100000, "the send queue never fills");
+	}
+	CHECK(r == -EAGAIN, "a full queue: %s", urdma_strerror(r));
+	expect(ctx, c, URDMA_EV_WRITABLE);
+	return n;
+}
+
+static void full_client(struct t_peer *p, void *arg)
+{
+	urdma_ctx *ctx = urdma_ctx_create(NULL);
+	urdma_conn *c = dial(p, ctx, NULL, 0);
+	urdma_event ev = expect(ctx, c, URDMA_EV_CONNECTED);
+	urdma_rmem rm;
+	uint64_t val = 0;
+	int n;
+
+	REQUIRE(ev.len == sizeof(rm), "the descriptor in the hello");
+	memcpy(&rm, ev.buf, sizeof(rm));
+	n = fill(ctx, c, &rm, false, &val);
+	CHECK(n >= 64, "%d writes before the queue was full", n);
+	REQUIRE(!urdma_write(c, &(uint64_t){ val + 1 }, 8, &rm, 0, (void *)1),
+		"a write after WRITABLE");
+	val++;
+	ev = expect(ctx, c, URDMA_EV_WRITE);
+	CHECK(ev.status == 0, "write: %s", urdma_strerror(ev.status));
+	n = fill(ctx, c, &rm, true, &val);
+	CHECK(n >= 1, "%d atomics before the queue was full", n);
+	/* the atomics' events are still to come: drain them */
+	for (int i = 0; i < n; i++)
+		CHECK(expect(ctx, c, URDMA_EV_ATOMIC).status == 0, "atomic");
+	t_send_u64(p, val);
+	urdma_ctx_destroy(ctx); /* no urdma_close */
+}
+
 /* ---- many connections on one context ---- */
 
 #define MANY_MAX 1000
@@ -830,6 +915,7 @@ int main(int argc, char **argv)
 	t_pair("sizes_differ", sizes_server, sizes_client, NULL);
 	t_case("refused", refused, NULL);
 	t_pair("one_sided", rma_server, rma_client, NULL);
+	t_pair("queue_full", full_server, full_client, NULL);
 	t_pair("many_connections", many_server, many_client, NULL);
 	t_pair("threadsafe", ts_server, ts_client, NULL);
 	return t_finish();
