@@ -45,6 +45,8 @@ API_EXPORT const char *urdma_strerror(int err)
 		       "context's";
 	case -ENOTCONN:
 		return "not connected";
+	case -EPIPE:
+		return "the peer closed the connection";
 	default:
 		return strerror(-err);
 	}

@@ -89,6 +89,8 @@ static void cfg_errors(void *arg)
 	CHECK(!strcmp(urdma_strerror(-ERANGE), "outside the remote region"),
 	      "strerror");
 	CHECK(urdma_strerror(-12345) != NULL, "strerror of anything");
+	CHECK(!strcmp(urdma_strerror(-EPIPE), "the peer closed the connection"),
+	      "strerror of -EPIPE");
 	CHECK(!strcmp(urdma_strerror(EAGAIN), urdma_strerror(-EAGAIN)),
 	      "strerror of either sign");
 	{
