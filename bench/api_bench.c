@@ -3,12 +3,16 @@
  * The echo of the urdma API next to the same echo over kernel TCP sockets,
  * for bench/bench.sh.
  *
- *   api_bench serve urdma|tcp PORT
- *   api_bench lat   urdma|tcp HOST:PORT SIZE N   one-way latency: half the
- *                                                mean round trip, in us
- *   api_bench rate  urdma|tcp HOST:PORT SIZE N   echoes per second (in
- *                                                millions), WINDOW in flight
+ *   api_bench serve  urdma|tcp|rs PORT
+ *   api_bench lat    urdma|tcp|rs HOST:PORT SIZE N  one-way latency: half
+ *                                                   the mean round trip, us
+ *   api_bench rate   urdma|tcp|rs HOST:PORT SIZE N  echoes per second (in
+ *                                                   millions), WINDOW in
+ *                                                   flight
+ *   api_bench stream urdma HOST:PORT 8 N            one-way messages per
+ *                                                   second (millions)
  *
+ * tcp is kernel sockets, rs the same code on rsockets (<rdma/rsocket.h>).
  * Both sides block in the library's own waits (urdma_poll with a timeout;
  * read/write on blocking sockets with TCP_NODELAY).  The last line of a
  * client's output is "result: VALUE".
@@ -24,10 +28,14 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#include <errno.h>
+#include <rdma/rsocket.h>
 #include <urdma.h>
 
 #define MAX_SIZE (64 * 1024)
 #define WINDOW 32
+#define STREAM_MARK 1 /* a stream's messages start with it: not echoed
+			* (an echo's are zeros) */
 
 static double now_s(void)
 {
@@ -58,10 +66,20 @@ static void urdma_serve(const char *port)
 		urdma_event ev[32];
 		int n = urdma_poll(ctx, ev, 32, -1);
 
-		for (int i = 0; i < n; i++)
-			if (ev[i].type == URDMA_EV_RECV &&
-			    urdma_send(ev[i].conn, ev[i].buf, ev[i].len, NULL))
-				urdma_buf_free(ctx, ev[i].buf);
+		for (int i = 0; i < n; i++) {
+			urdma_event *e = &ev[i];
+
+			if (e->type != URDMA_EV_RECV)
+				continue;
+			/* a stream's messages are only counted; its end
+			 * (empty) is answered */
+			if (e->len && *(char *)e->buf == STREAM_MARK) {
+				urdma_buf_free(ctx, e->buf);
+				continue;
+			}
+			if (urdma_send(e->conn, e->buf, e->len, NULL))
+				urdma_buf_free(ctx, e->buf);
+		}
 	}
 }
 
@@ -104,32 +122,102 @@ static double urdma_run(const char *addr, size_t size, long n, int window)
 	return t0;
 }
 
-/* ---- kernel TCP ---- */
+/* One-way: N messages as fast as credits allow (the server takes each
+ * and gives its buffer back), then an empty one that it echoes; the time
+ * from the warm-up's end to that echo. */
+static double urdma_stream(const char *addr, size_t size, long n)
+{
+	urdma_ctx *ctx = urdma_ctx_create(&cfg);
+	urdma_conn *c = ctx ? urdma_connect(ctx, addr, NULL, 0, NULL) : NULL;
+	char *msg = calloc(1, size);
+	long warm = n / 10, sent = 0;
+	double t0 = 0;
+	urdma_event ev[32];
+	bool done = false;
 
-static void tcp_serve(const char *port)
+	if (!c || urdma_wait(ctx, c, URDMA_EV_CONNECTED, ev, 5000) ||
+	    ev[0].type != URDMA_EV_CONNECTED)
+		die("urdma_connect");
+	msg[0] = STREAM_MARK;
+	while (!done) {
+		int r = 0, k;
+
+		while (sent <= n + warm && !r) {
+			r = urdma_send(c, msg, sent < n + warm ? size : 0, NULL);
+			sent += !r;
+			if (sent == warm)
+				t0 = now_s();
+		}
+		if (r && r != -EAGAIN)
+			die("urdma_send");
+		k = urdma_poll(ctx, ev, 32, 5000);
+		if (k <= 0)
+			die("urdma_poll");
+		for (int i = 0; i < k; i++) {
+			if (ev[i].type == URDMA_EV_CLOSED)
+				die("closed");
+			if (ev[i].type == URDMA_EV_RECV) {
+				urdma_buf_free(ctx, ev[i].buf);
+				done = true;
+			}
+		}
+	}
+	t0 = now_s() - t0;
+	urdma_ctx_destroy(ctx);
+	return t0;
+}
+
+/* ---- kernel TCP, and rsockets: the same calls with an r in front ---- */
+
+struct sock_ops {
+	int (*socket)(int, int, int);
+	int (*bind)(int, const struct sockaddr *, socklen_t);
+	int (*listen)(int, int);
+	int (*accept)(int, struct sockaddr *, socklen_t *);
+	int (*connect)(int, const struct sockaddr *, socklen_t);
+	int (*setsockopt)(int, int, int, const void *, socklen_t);
+	ssize_t (*read)(int, void *, size_t);
+	ssize_t (*write)(int, const void *, size_t);
+	int (*close)(int);
+};
+
+static const struct sock_ops kernel_ops = {
+	socket, bind, listen, accept, connect, setsockopt, read, write, close,
+};
+
+static const struct sock_ops rs_ops = {
+	rsocket, rbind, rlisten, raccept, rconnect, rsetsockopt, rread, rwrite,
+	rclose,
+};
+
+static void sock_serve(const struct sock_ops *o, const char *port)
 {
 	struct sockaddr_in sa = { .sin_family = AF_INET,
 				  .sin_port = htons((uint16_t)atoi(port)) };
-	int one = 1, l = socket(AF_INET, SOCK_STREAM, 0), fd;
+	int one = 1, l = o->socket(AF_INET, SOCK_STREAM, 0), fd;
 	static char buf[MAX_SIZE * WINDOW];
 
-	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	if (bind(l, (struct sockaddr *)&sa, sizeof(sa)) || listen(l, 8))
+	o->setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (o->bind(l, (struct sockaddr *)&sa, sizeof(sa)) || o->listen(l, 8))
 		die("listen");
 	for (;;) {
 		ssize_t r;
 
-		fd = accept(l, NULL, NULL);
-		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-		while ((r = read(fd, buf, sizeof(buf))) > 0)
+		fd = o->accept(l, NULL, NULL);
+		if (fd < 0)
+			die("accept");
+		o->setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		while ((r = o->read(fd, buf, sizeof(buf))) > 0)
 			for (ssize_t off = 0, w; off < r; off += w)
-				if ((w = write(fd, buf + off, (size_t)(r - off))) <= 0)
+				if ((w = o->write(fd, buf + off,
+						  (size_t)(r - off))) <= 0)
 					break;
-		close(fd);
+		o->close(fd);
 	}
 }
 
-static double tcp_run(const char *addr, size_t size, long n, int window)
+static double sock_run(const struct sock_ops *o, const char *addr,
+		       size_t size, long n, int window)
 {
 	char host[256];
 	const char *colon = strrchr(addr, ':');
@@ -143,14 +231,14 @@ static double tcp_run(const char *addr, size_t size, long n, int window)
 	snprintf(host, sizeof(host), "%.*s", (int)(colon - addr), addr);
 	if (getaddrinfo(host, colon + 1, &hints, &ai))
 		die("getaddrinfo");
-	fd = socket(ai->ai_family, SOCK_STREAM, 0);
-	if (connect(fd, ai->ai_addr, ai->ai_addrlen))
+	fd = o->socket(ai->ai_family, SOCK_STREAM, 0);
+	if (o->connect(fd, ai->ai_addr, ai->ai_addrlen))
 		die("connect");
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	o->setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	while (got < n + warm) {
 		while (sent - got < window && sent < n + warm) {
 			for (size_t off = 0; off < size;) {
-				ssize_t w = write(fd, buf + off, size - off);
+				ssize_t w = o->write(fd, buf + off, size - off);
 
 				if (w <= 0)
 					die("write");
@@ -158,7 +246,7 @@ static double tcp_run(const char *addr, size_t size, long n, int window)
 			}
 			sent++;
 		}
-		ssize_t r = read(fd, buf, size * (size_t)(sent - got) - part);
+		ssize_t r = o->read(fd, buf, size * (size_t)(sent - got) - part);
 
 		if (r <= 0)
 			die("read");
@@ -168,37 +256,46 @@ static double tcp_run(const char *addr, size_t size, long n, int window)
 				t0 = now_s();
 	}
 	t0 = now_s() - t0;
-	close(fd);
+	o->close(fd);
 	return t0;
 }
 
 int main(int argc, char **argv)
 {
-	bool tcp = argc > 2 && !strcmp(argv[2], "tcp");
+	const char *kind = argc > 2 ? argv[2] : "";
+	const struct sock_ops *o = !strcmp(kind, "tcp") ? &kernel_ops :
+				   !strcmp(kind, "rs")	? &rs_ops :
+							  NULL;
 
+	if (!o && strcmp(kind, "urdma"))
+		goto usage;
 	if (argc == 4 && !strcmp(argv[1], "serve")) {
-		tcp ? tcp_serve(argv[3]) : urdma_serve(argv[3]);
+		o ? sock_serve(o, argv[3]) : urdma_serve(argv[3]);
 		return 0;
 	}
-	if (argc == 6 && (!strcmp(argv[1], "lat") || !strcmp(argv[1], "rate"))) {
+	if (argc == 6 && (!strcmp(argv[1], "lat") || !strcmp(argv[1], "rate") ||
+			  (!strcmp(argv[1], "stream") && !o))) {
 		bool lat = !strcmp(argv[1], "lat");
 		size_t size = (size_t)atol(argv[4]);
 		long n = atol(argv[5]);
-		int window = lat ? 1 : WINDOW;
 		double t;
 
 		if (size < 1 || size > MAX_SIZE || n < 10)
 			return 2;
-		t = tcp ? tcp_run(argv[3], size, n, window) :
-			  urdma_run(argv[3], size, n, window);
-		printf("%s %s %zu B x %ld: %.3f s\n", argv[1], argv[2], size,
-		       n, t);
+		if (!strcmp(argv[1], "stream"))
+			t = urdma_stream(argv[3], size, n);
+		else
+			t = o ? sock_run(o, argv[3], size, n, lat ? 1 : WINDOW) :
+				urdma_run(argv[3], size, n, lat ? 1 : WINDOW);
+		printf("%s %s %zu B x %ld: %.3f s\n", argv[1], kind, size, n, t);
 		printf("result: %.3f\n", lat ? t / (double)n / 2 * 1e6 :
 					       (double)n / t / 1e6);
 		return 0;
 	}
-	fprintf(stderr, "usage: %s serve urdma|tcp PORT\n"
-			"       %s lat|rate urdma|tcp HOST:PORT SIZE N\n",
-		argv[0], argv[0]);
+usage:
+	fprintf(stderr, "usage: %s serve urdma|tcp|rs PORT\n"
+			"       %s lat|rate urdma|tcp|rs HOST:PORT SIZE N\n"
+			"       %s stream urdma HOST:PORT SIZE N\n",
+		argv[0], argv[0], argv[0]);
 	return 2;
 }

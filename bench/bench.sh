@@ -707,77 +707,121 @@ bench_reg() {
     } | tee -a "$RESULTS"
 }
 
-# The urdma API (bench/api_bench.c, loopback, shared memory): its echo's
-# one-way latency (half the round trip) for 8 B and 64 KiB and its rate
-# (echoes per second, 32 in flight), next to the same echo over kernel TCP
-# sockets; 8 B also next to raw verbs (ib_send_lat) and UCX (ucp_am_lat)
-# from the first table of this run.  Both sides block in their library's
-# own waits.  BENCH_API=0 leaves it out; BENCH_API_REPS (default 5).
+# The urdma API (bench/api_bench.c): its echo's one-way latency (half the
+# round trip) for 8 B and 64 KiB and its rate (echoes per second, 32 in
+# flight), next to the same echo over kernel TCP sockets and over rsockets
+# (urdma's librdmacm: the same socket code with an r in front); and its
+# one-way 8 B message rate (a stream the server only counts).  On loopback
+# (urdma over shared memory) next to ib_send_lat / ib_send_bw and UCX's
+# ucp_am_lat / ucp_am_bw from the first table of this run; across the two
+# namespaces (urdma over TCP, as the TCP rows) next to that table's
+# ib_send_lat and UCX over TCP.  Both sides block in their library's own
+# waits.  BENCH_API=0 leaves it out; BENCH_API_REPS (default 5).
 declare -A API_VALS=() API_FAILS=()
-api_measure() {  # KEY
+api_measure() {  # PATH KEY
     local kind=urdma what=lat size=8 n=20000
-    case $1 in *_tcp) kind=tcp ;; esac
-    case $1 in
+    local -a srv=() cli=()
+    case $2 in *_tcp) kind=tcp ;; *_rs) kind=rs ;; esac
+    case $2 in
         lat64k*) size=65536 n=2000 ;;
         rate8*) what=rate n=200000 ;;
+        stream8) what=stream n=1000000 ;;
     esac
+    if [ "$1" = veth ]; then
+        n=$((n / 4)) # a round trip over TCP is ~40 times longer
+        srv=(env URDMA_TRANSPORT=tcp URDMA_SHM_DIR="$OUTDIR/shm-server")
+        cli=(env URDMA_TRANSPORT=tcp URDMA_SHM_DIR="$OUTDIR/shm-client")
+    fi
     next_port
     PAIR_SERVER_STAYS=1
-    pair "api-$1.$REP" 60 "" "$API_BIN" serve "$kind" "$PORT" -- \
-        "$API_BIN" "$what" "$kind" "127.0.0.1:$PORT" "$size" "$n"
+    pair "api-$1.$2.$REP" 60 "" "${srv[@]}" "$API_BIN" serve "$kind" "$PORT" -- \
+        "${cli[@]}" "$API_BIN" "$what" "$kind" "$T_IP:$PORT" "$size" "$n"
     PAIR_SERVER_STAYS=0
     VAL=$(awk '/^result:/ { print $2 }' "$PAIR_LOG")
 }
-amed() {  # KEY -> median or n/a
+amed() {  # PATH.KEY -> median or n/a
     # shellcheck disable=SC2086  # word splitting of the value list is wanted
     median ${API_VALS[$1]:-}
 }
 bench_api() {
-    local reps=${BENCH_API_REPS:-5} k
-    local -a keys=(lat8 lat8_tcp lat64k lat64k_tcp rate8 rate8_tcp)
+    local reps=${BENCH_API_REPS:-5} k p note=""
+    local -a keys=(lat8 lat8_tcp lat8_rs lat64k lat64k_tcp lat64k_rs rate8 rate8_tcp rate8_rs)
+    local -a paths=(lo)
     API_BIN=$OUTDIR/api_bench
     if ! ${CC:-cc} -std=c11 -D_GNU_SOURCE -O2 -o "$API_BIN" "$HERE/api_bench.c" \
             -I"$HERE/../include" -L"$BUILD/lib" -Wl,-rpath,"$BUILD/lib" -lurdma \
-            >"$LOGS/api_bench-build.log" 2>&1; then
+            -l:librdmacm.so.1 >"$LOGS/api_bench-build.log" 2>&1; then
         say "bench: building bench/api_bench.c failed (see $LOGS/api_bench-build.log)"
         return
     fi
-    tcp_path lo
+    if [ -n "$NS_A" ] || netns_setup; then
+        paths+=(veth)
+    else
+        note="veth rows n/a: $NETNS_ERROR."
+    fi
     say "bench: urdma API rows, $reps repetitions"
     for REP in $(seq "$reps"); do
-        for k in "${keys[@]}"; do
-            [ "${API_FAILS[$k]:-0}" -ge 2 ] && continue
-            VAL=""
-            api_measure "$k"
-            if [[ $VAL =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
-                API_VALS[$k]="${API_VALS[$k]:-} $VAL"
-                say "bench: api rep $REP $k = $VAL"
-            else
-                API_FAILS[$k]=$((${API_FAILS[$k]:-0} + 1))
-                say "bench: api rep $REP $k failed (see $LOGS/api-$k.$REP.*)"
-            fi
+        for p in "${paths[@]}"; do
+            tcp_path "$p"
+            for k in "${keys[@]}" $([ "$p" = lo ] && echo stream8); do
+                [ "${API_FAILS[$p.$k]:-0}" -ge 2 ] && continue
+                VAL=""
+                api_measure "$p" "$k"
+                if [[ $VAL =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+                    API_VALS[$p.$k]="${API_VALS[$p.$k]:-} $VAL"
+                    say "bench: api rep $REP $p $k = $VAL"
+                else
+                    API_FAILS[$p.$k]=$((${API_FAILS[$p.$k]:-0} + 1))
+                    say "bench: api rep $REP $p $k failed (see $LOGS/api-$p.$k.$REP.*)"
+                fi
+            done
         done
     done
+    rm -rf "$OUTDIR/shm-server" "$OUTDIR/shm-client"
+    PAIR_SRV_PFX=()
+    PAIR_CLI_PFX=()
     {
         echo
         echo "## The urdma API"
         echo
-        echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC'), median of up to $reps runs; loopback, $PIN_TEXT;" \
-             "bench/api_bench.c: an echo server and client, each blocking in its library's waits."
+        echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC'), median of up to $reps runs; $PIN_TEXT;" \
+             "bench/api_bench.c: an echo server and client, each blocking in its library's waits;" \
+             "lo: urdma over shared memory; veth: two namespaces, urdma over TCP."
         echo
         echo "| path | metric | urdma API | peer | peer figure | urdma/peer |"
         echo "|---|---|---|---|---|---|"
-        tcp_row lo "echo 8 B, one-way µs (half the round trip)" "$(amed lat8)" \
-            "the same echo over kernel TCP" "$(amed lat8_tcp)"
-        tcp_row lo "echo 8 B, one-way µs" "$(amed lat8)" "raw verbs ib_send_lat 8 B (above; goal ≤ 1.1)" "$SL"
-        tcp_row lo "echo 8 B, one-way µs" "$(amed lat8)" "UCX ucp_am_lat 8 B (above; goal < 1)" "$UL"
-        tcp_row lo "echo 64 KiB, one-way µs" "$(amed lat64k)" \
-            "the same echo over kernel TCP" "$(amed lat64k_tcp)"
-        tcp_row lo "echo 8 B, Mmsg/s echoed, 32 in flight" "$(amed rate8)" \
-            "the same echo over kernel TCP" "$(amed rate8_tcp)"
+        for p in "${paths[@]}"; do
+            tcp_row "$p" "echo 8 B, one-way µs (half the round trip)" "$(amed "$p.lat8")" \
+                "the same echo over kernel TCP" "$(amed "$p.lat8_tcp")"
+            tcp_row "$p" "echo 8 B, one-way µs" "$(amed "$p.lat8")" \
+                "the same echo over rsockets" "$(amed "$p.lat8_rs")"
+            if [ "$p" = lo ]; then
+                tcp_row lo "echo 8 B, one-way µs" "$(amed lo.lat8)" \
+                    "raw verbs ib_send_lat 8 B (above; goal ≤ 1.1)" "$SL"
+                tcp_row lo "echo 8 B, one-way µs" "$(amed lo.lat8)" \
+                    "UCX ucp_am_lat 8 B, posix (above; goal < 1)" "$UL"
+            else
+                tcp_row veth "echo 8 B, one-way µs" "$(amed veth.lat8)" \
+                    "raw verbs ib_send_lat 8 B over TCP (above; goal ≤ 1.1)" "$(tmed veth.send_lat)"
+                tcp_row veth "echo 8 B, one-way µs" "$(amed veth.lat8)" \
+                    "UCX ucp_am_lat 8 B, UCX_TLS=tcp (above; goal < 1)" "$(tmed veth.ucx)"
+            fi
+            tcp_row "$p" "echo 64 KiB, one-way µs" "$(amed "$p.lat64k")" \
+                "the same echo over kernel TCP" "$(amed "$p.lat64k_tcp")"
+            tcp_row "$p" "echo 64 KiB, one-way µs" "$(amed "$p.lat64k")" \
+                "the same echo over rsockets" "$(amed "$p.lat64k_rs")"
+            tcp_row "$p" "echo 8 B, Mmsg/s echoed, 32 in flight" "$(amed "$p.rate8")" \
+                "the same echo over kernel TCP" "$(amed "$p.rate8_tcp")"
+            tcp_row "$p" "echo 8 B, Mmsg/s echoed, 32 in flight" "$(amed "$p.rate8")" \
+                "the same echo over rsockets" "$(amed "$p.rate8_rs")"
+        done
+        tcp_row lo "8 B messages one way, Mmsg/s" "$(amed lo.stream8)" \
+            "raw verbs ib_send_bw 8 B (above; goal ≥ 0.9)" "$SR"
+        tcp_row lo "8 B messages one way, Mmsg/s" "$(amed lo.stream8)" \
+            "UCX ucp_am_bw 8 B, posix (above; goal > 1)" "$UR"
         echo
         echo "Latency: lower is better; rates: higher is better. ib_send_lat is one-way in one" \
-             "direction; the echo carries each message there and back."
+             "direction; the echo carries each message there and back.${note:+ $note}"
         for k in "${!API_FAILS[@]}"; do
             echo "$k: ${API_FAILS[$k]} failed run(s); logs in $LOGS."
         done
