@@ -231,15 +231,23 @@ int64_t api_lkey(urdma_ctx *ctx, const void *p, size_t len, bool write);
 /* conn.c */
 void api_cm_events(urdma_ctx *ctx);
 void api_accept_pending(urdma_ctx *ctx);
-void api_wc(urdma_ctx *ctx, const struct ibv_wc *wc);
-void api_flush_dirty(urdma_ctx *ctx);
 void api_expire(urdma_ctx *ctx, uint64_t now);
 void api_reap(urdma_ctx *ctx);
 void api_conn_fail(urdma_conn *c, int err);
 void api_conn_free(urdma_conn *c);
+void api_conn_disconnect(urdma_conn *c);
+void api_drain_check(urdma_conn *c);
 void api_mark_dirty(urdma_conn *c);
-uint32_t api_sq_size(uint32_t depth);
 bool api_close_all(urdma_ctx *ctx);
+
+/* msg.c */
+#define RECV_TAG 1ull /* low bit of a receive's wr_id */
+uint32_t api_sq_size(uint32_t depth);
+void api_refill(urdma_conn *c);
+uint32_t api_queued(const urdma_conn *c);
+void api_flush(urdma_conn *c);
+void api_flush_dirty(urdma_ctx *ctx);
+void api_wc(urdma_ctx *ctx, const struct ibv_wc *wc);
 int api_post_send(urdma_conn *c, struct ibv_send_wr *wr, void *buf,
 		  void *user, uint8_t op, bool event, uint16_t slot);
 

@@ -6,10 +6,11 @@
  * region, added as connections need buffers, up to buf_count buffers; a
  * slab is as large as all before it (the first API_SLAB_BUFS), so there
  * are few to search.  Free buffers are a stack of (buffer, lkey).  A
- * buffer returned while a connection lacks receives goes to it (starved).  A buffer belongs to the library
- * (posted as a receive, or queued or posted as a send) or to the
- * application (urdma_buf_alloc, or a RECV event) until it gives it back
- * (urdma_buf_free) or sends it (urdma_send lends it, zero-copy).
+ * buffer returned while a connection lacks receives goes to it (starved).
+ * A buffer belongs to the library (posted as a receive, or queued or
+ * posted as a send) or to the application (urdma_buf_alloc, or a RECV
+ * event) until it gives it back (urdma_buf_free) or sends it (urdma_send
+ * lends it, zero-copy).
  *
  * Regions (urdma_reg) are memory regions of the application's memory, and
  * what urdma_write/urdma_read may use as their local side.

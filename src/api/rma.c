@@ -6,9 +6,9 @@
  * the region allows the operation, [off, off+len) lies inside it, the local
  * side is a pool buffer or inside a registered region (a write of at most
  * the connection's inline size may come from anywhere), an atomic's target
- * is 8-byte aligned.  A failure returns an error and posts nothing; -EAGAIN (the
- * send queue or the atomics' result slots are full) is followed by a
- * WRITABLE event when there is room again.
+ * is 8-byte aligned.  A failure returns an error and posts nothing;
+ * -EAGAIN (the send queue or the atomics' result slots are full) is
+ * followed by a WRITABLE event when there is room again.
  */
 #include <errno.h>
 #include <string.h>
