@@ -114,6 +114,12 @@ struct api_pending {
 	void *user;
 };
 
+/* What a WRITABLE event waits for. */
+enum {
+	WANT_COPY = 1, /* a copy's pool buffer, or room to send inline now */
+	WANT_SQ = 2,   /* send-queue room (and the atomics' result slots) */
+};
+
 struct urdma_conn {
 	urdma_ctx *ctx;
 	struct list_head node;	/* ctx->conns (ctx->zombies once freed) */
@@ -130,7 +136,8 @@ struct urdma_conn {
 	bool peer_gone;	   /* DISCONNECTED: a reset unless BYE came */
 	bool bye_sent;
 	bool closed_by_app;
-	bool want_writable;
+	uint8_t want_writable; /* WANT_*: why a call got -EAGAIN */
+	uint32_t want_len;     /* WANT_COPY: the shortest message refused */
 	void *user;
 	uint64_t deadline_ns; /* connect, or drain */
 	/* hello: ours (listener: for each accepted conn) and the peer's */

@@ -53,12 +53,25 @@ static bool recv_fill(urdma_conn *c, struct api_rrec *r)
 	return true;
 }
 
+/* c needs no more buffers: the next connection that does has its turn. */
+static void unstarve(urdma_conn *c)
+{
+	urdma_ctx *ctx = c->ctx;
+
+	if (list_empty(&c->snode))
+		return;
+	list_del(&c->snode);
+	if (ctx->nfree && !list_empty(&ctx->starved))
+		api_mark_dirty(list_entry(ctx->starved.next, urdma_conn, snode));
+}
+
 /* Every receive slot without a buffer (set-up, or starved before). */
 void api_refill(urdma_conn *c)
 {
 	for (uint32_t i = 0; i < c->rq_size && c->rq_posted < c->rq_size; i++)
 		if (!c->rrec[i].buf && !recv_fill(c, &c->rrec[i]))
 			return;
+	unstarve(c);
 }
 
 /* ---- sending ---- */
@@ -203,18 +216,23 @@ API_EXPORT int urdma_send(urdma_conn *c, const void *buf, size_t len,
 		ret = send_msg(c, (void *)buf, (uint32_t)len, lent, user, 0);
 		goto out;
 	}
-	/* Copies wait up to queue_depth: the rest of the pool stays for
+	/* Copies wait up to queue_depth, and take no buffer while a
+	 * connection waits for one to post a receive: the pool stays for
 	 * receives, or two sides that flood each other would fill their
 	 * pools with sends and grant no credit ever again. */
 	if (lent >= 0) {
 		copy = (void *)buf;
 		lkey = (uint32_t)lent;
 	} else {
-		copy = now || c->pend_copies < ctx->cfg.queue_depth ?
+		copy = (now || c->pend_copies < ctx->cfg.queue_depth) &&
+				       list_empty(&ctx->starved) ?
 			       api_buf_get(ctx, &lkey) :
 			       NULL;
 		if (!copy) {
-			c->want_writable = true;
+			if (!(c->want_writable & WANT_COPY) ||
+			    len < c->want_len)
+				c->want_len = (uint32_t)len;
+			c->want_writable |= WANT_COPY;
 			ret = -EAGAIN;
 			goto out;
 		}
@@ -245,15 +263,37 @@ out:
 	return ret;
 }
 
+/* Has what a call that got -EAGAIN waited for come?  A copy needs a pool
+ * buffer (and the copies' bound); a message that fits inline needs none
+ * once it can go at once; a one-sided operation needs send-queue room. */
+static bool writable(const urdma_conn *c)
+{
+	const urdma_ctx *ctx = c->ctx;
+	bool pool = (ctx->nfree || ctx->nbufs < ctx->cfg.buf_count) &&
+		    list_empty(&ctx->starved);
+
+	if ((c->want_writable & WANT_COPY) &&
+	    ((c->pend_copies < ctx->cfg.queue_depth && pool) ||
+	     (c->want_len <= c->inline_max && !api_queued(c) &&
+	      can_send_data(c))))
+		return true;
+	return (c->want_writable & WANT_SQ) && sq_used(c) < c->sq_size &&
+	       (c->aslots ? c->aslot_busy < c->aslot_n : pool);
+}
+
 /* Send what waits, grant what is owed, say goodbye. */
 void api_flush(urdma_conn *c)
 {
 	urdma_ctx *ctx = c->ctx;
 
-	if (c->state > ST_CLOSING || !c->qp)
+	if (c->state > ST_CLOSING || !c->qp) {
+		unstarve(c);
 		return;
+	}
 	if (c->rq_posted < c->rq_size)
 		api_refill(c);
+	else
+		unstarve(c);
 	/* After the peer's goodbye nothing more goes: it disconnects. */
 	if (c->state < ST_OPEN || c->bye_rcvd)
 		return;
@@ -273,12 +313,9 @@ void api_flush(urdma_conn *c)
 		c->pend_copies -= p->copy;
 		c->pend_tail++;
 	}
-	if (c->want_writable && c->pend_copies < ctx->cfg.queue_depth &&
-	    (ctx->nfree || ctx->nbufs < ctx->cfg.buf_count) &&
-	    c->state == ST_OPEN) {
-		c->want_writable = api_push(ctx, URDMA_EV_WRITABLE, 0, c,
-					    c->user, NULL, 0, 0) != 0;
-	}
+	if (c->want_writable && c->state == ST_OPEN && writable(c) &&
+	    !api_push(ctx, URDMA_EV_WRITABLE, 0, c, c->user, NULL, 0, 0))
+		c->want_writable = 0;
 	if (c->state == ST_CLOSING && !api_queued(c) && !c->bye_sent) {
 		if (c->credits >= 1 && sq_used(c) < c->sq_size &&
 		    send_msg(c, NULL, 0, -1, NULL, API_IMM_BYE))

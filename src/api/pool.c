@@ -6,7 +6,8 @@
  * region, added as connections need buffers, up to buf_count buffers; a
  * slab is as large as all before it (the first API_SLAB_BUFS), so there
  * are few to search.  Free buffers are a stack of (buffer, lkey).  A
- * buffer returned while a connection lacks receives goes to it (starved).
+ * buffer returned while a connection lacks receives goes to it (starved:
+ * msg.c).
  * A buffer belongs to the library (posted as a receive, or queued or
  * posted as a send) or to the application (urdma_buf_alloc, or a RECV
  * event) until it gives it back (urdma_buf_free) or sends it (urdma_send
@@ -111,12 +112,10 @@ void api_buf_put(urdma_ctx *ctx, void *buf)
 {
 	ctx->free_bufs[ctx->nfree++] =
 		(struct api_buf){ buf, slab_of(ctx, buf)->mr->lkey };
-	if (!list_empty(&ctx->starved)) {
-		urdma_conn *c = list_entry(ctx->starved.next, urdma_conn, snode);
-
-		list_del(&c->snode);
-		api_mark_dirty(c); /* its flush refills its receives */
-	}
+	/* the first connection short of receives refills at its flush; it
+	 * stays on the list (copies take no buffer) until it is full */
+	if (!list_empty(&ctx->starved))
+		api_mark_dirty(list_entry(ctx->starved.next, urdma_conn, snode));
 }
 
 /* The held flag of the pool buffer that starts at p, or NULL. */

@@ -18,7 +18,7 @@
 /* No room now: WRITABLE says when there is. */
 static int busy(urdma_conn *c)
 {
-	c->want_writable = true;
+	c->want_writable |= WANT_SQ;
 	return -EAGAIN;
 }
 

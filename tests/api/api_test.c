@@ -912,6 +912,10 @@ int main(int argc, char **argv)
 	t_pair("flow_small_pool", flow_server, flow_client,
 	       &(urdma_cfg){ .queue_depth = 4, .buf_size = 256,
 			     .buf_count = 12, .spin_us = -1 });
+	/* every pool buffer is a posted receive: sends go inline or wait */
+	t_pair("flow_pool_all_receives", flow_server, flow_client,
+	       &(urdma_cfg){ .queue_depth = 4, .buf_size = 256,
+			     .buf_count = 4 });
 	t_pair("receiver_keeps_buffers", hold_server, hold_client, NULL);
 	t_pair("peer_killed", killed_server, killed_client, NULL);
 	t_pair("sizes_differ", sizes_server, sizes_client, NULL);

@@ -26,9 +26,9 @@ CASE_PREFIX="net "
 name="net api_test: server in A, client in B"
 run_check "$name" 240 ip netns exec "$SRV_NS" env URDMA_SHM_DIR="$WORK/shm-$SRV_NS" \
     API_HOST="$SRV_IP" T_CHILD_NETNS="$CLI_NS" T_CHILD_SHM_DIR="$WORK/shm-$CLI_NS" \
-    "$BUILD/bin/api_test" echo flow_both_ways flow_small_pool receiver_keeps_buffers \
+    "$BUILD/bin/api_test" echo flow_both_ways flow_small_pool flow_pool_all_receives receiver_keeps_buffers \
     sizes_differ peer_killed one_sided queue_full many_connections threadsafe
-if [ "$CHECK_RC" -eq 0 ] && grep -q "10 passed, 0 failed" "$CHECK_LOG"; then
+if [ "$CHECK_RC" -eq 0 ] && grep -q "11 passed, 0 failed" "$CHECK_LOG"; then
     pass "$name ($(grep -o '[0-9]* connections, one echo each, closed: [0-9]* s' "$CHECK_LOG"))"
 else
     fail "$name" "exit status $CHECK_RC"
