@@ -316,15 +316,18 @@ show_perftest_table() {
 # perftest_cases DEVICE: each ib_{send,write,read}_{lat,bw} with default
 # parameters and with -a (all sizes, -n 100), and the _bw ones both ways at
 # once with 1 MiB messages (-b: each side's sends wait for the other side to
-# read), as run_cases cases in PERFTEST_CASES.  -F: don't fail on differing
-# per-core "cpu MHz" (VMs).
+# read), and the send and read tests sleeping on CQ events (-e; one channel
+# for both CQs in Debian's perftest: a receive's event must not come before
+# the event of the send it answers), as run_cases cases in PERFTEST_CASES.
+# -F: don't fail on differing per-core "cpu MHz" (VMs).
 perftest_cases() {
     local t v
     PERFTEST_CASES=()
     for t in ib_send_lat ib_send_bw ib_write_lat ib_write_bw ib_read_lat ib_read_bw; do
         need_cmd "$t" perftest
-        for v in "defaults|" "all sizes|-a -n 100" "both ways, 1 MiB|-b -s 1048576 -n 500"; do
-            case $t,$v in *_lat,both*) continue ;; esac
+        for v in "defaults|" "all sizes|-a -n 100" "both ways, 1 MiB|-b -s 1048576 -n 500" \
+                "CQ events|-e -n 2000"; do
+            case $t,$v in *_lat,both* | ib_write_*,CQ*) continue ;; esac
             PERFTEST_CASES+=("$t (${v%%|*})|$t -d $1 -F ${v#*|}")
         done
     done

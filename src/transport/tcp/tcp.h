@@ -129,6 +129,9 @@ struct tcp_conn {
 	uint64_t rcv_room, rcv_got;
 	bool imm_pending;
 	uint32_t imm;
+	/* receives completed in this pass: their CQ is notified at its end
+	 * (rx_locked), after the requests that came with them are queued */
+	bool note, note_solicited;
 	uint64_t write_len, last_write_len;
 	_Atomic bool stalled; /* a Send waits for a receive WR */
 	_Atomic uint64_t last_poll_ns; /* an application thread polled */
