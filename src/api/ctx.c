@@ -18,7 +18,8 @@
  * A blocking call first polls the CQ for up to spin_us, so a peer that
  * answers within it costs no system call on either side.  Adaptive: after
  * eight waits in a row that a spin would not have met, it sleeps at once,
- * until a sleep ends within spin_us.
+ * until a sleep ends within spin_us or a probe spin (one wait in 16, then
+ * ever fewer) meets its event.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -43,6 +44,8 @@
 #define CQ_PER_POLL 512 /* completions one urdma_poll takes at most */
 #define DEF_SPIN_US 30
 #define SPIN_MISSES 8	/* waits in a row that a spin would not meet */
+#define PROBE_MIN 16	/* then one wait in this many spins anyway, */
+#define PROBE_MAX 1024	/* one in twice as many after each that missed */
 #define FD_LOOK_NS 50000ull /* see progress() */
 
 static int cfg_check(urdma_cfg *c)
@@ -129,6 +132,7 @@ API_EXPORT urdma_ctx *urdma_ctx_create(const urdma_cfg *cfg)
 	}
 	errno = 0; /* fail: below says what the step that failed set */
 	ctx->threadsafe = ctx->cfg.flags & URDMA_CFG_THREADSAFE;
+	ctx->probe_every = PROBE_MIN;
 	list_init(&ctx->conns);
 	list_init(&ctx->timed);
 	list_init(&ctx->dirty);
@@ -593,12 +597,43 @@ static bool spin(urdma_ctx *ctx, urdma_conn *conn, int type)
 	return met;
 }
 
+/* Spin before sleeping?  Not after SPIN_MISSES waits in a row that a
+ * spin would not have met; but now and then one does (a probe): the waits
+ * may have been long only because each slept, as a wake-up can cost more
+ * than spin_us, and then a sleep alone never ends within it.  A probe
+ * that meets its event brings spinning back; one that misses makes the
+ * next come half as often (spin_learn). */
+static bool spin_first(urdma_ctx *ctx, bool *probe)
+{
+	if (ctx->spin_miss < SPIN_MISSES)
+		return true;
+	if (++ctx->probe_wait < ctx->probe_every)
+		return false;
+	ctx->probe_wait = 0;
+	*probe = true;
+	return true;
+}
+
+/* After a wait of waited_ns: did a spin meet it, or would one have? */
+static void spin_learn(urdma_ctx *ctx, bool slept, bool probe,
+		       uint64_t waited_ns)
+{
+	if (!slept || waited_ns <= (uint64_t)ctx->cfg.spin_us * 1000ull) {
+		ctx->spin_miss = 0;
+		ctx->probe_every = PROBE_MIN;
+		return;
+	}
+	ctx->spin_miss += ctx->spin_miss < SPIN_MISSES;
+	if (probe && ctx->probe_every < PROBE_MAX)
+		ctx->probe_every *= 2;
+}
+
 /* Make progress until the queue holds an event of conn and type (as
  * match), or timeout_ms (0: look once; <0: no limit) has passed. */
 static void await(urdma_ctx *ctx, urdma_conn *conn, int type, int timeout_ms)
 {
 	uint64_t start = urdma_now_ns(), end = start + timeout_ms * 1000000ull;
-	bool spun = false, slept = false;
+	bool spun = false, slept = false, probe = false;
 
 	for (;;) {
 		progress(ctx);
@@ -606,8 +641,7 @@ static void await(urdma_ctx *ctx, urdma_conn *conn, int type, int timeout_ms)
 			break;
 		if (timeout_ms > 0 && !remaining_ms(end))
 			break;
-		if (!spun && ctx->cfg.spin_us > 0 &&
-		    ctx->spin_miss < SPIN_MISSES) {
+		if (!spun && ctx->cfg.spin_us > 0 && spin_first(ctx, &probe)) {
 			spun = true;
 			if (spin(ctx, conn, type))
 				break;
@@ -619,16 +653,8 @@ static void await(urdma_ctx *ctx, urdma_conn *conn, int type, int timeout_ms)
 		ctx->fds_ns = 0; /* what woke us is read now */
 		slept = true;
 	}
-	/* Adaptive: a wait that the spin would not have met counts. */
-	if (ctx->cfg.spin_us > 0 && timeout_ms) {
-		if (!slept)
-			ctx->spin_miss = 0;
-		else if (urdma_now_ns() - start >
-			 (uint64_t)ctx->cfg.spin_us * 1000ull)
-			ctx->spin_miss += ctx->spin_miss < SPIN_MISSES;
-		else
-			ctx->spin_miss = 0;
-	}
+	if (ctx->cfg.spin_us > 0 && timeout_ms)
+		spin_learn(ctx, slept, probe, urdma_now_ns() - start);
 	if (ctx->fd_given)
 		arm(ctx);
 }
