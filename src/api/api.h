@@ -5,8 +5,8 @@
  *
  * Files: ctx.c (contexts, the fd, urdma_poll and the event queue, the
  * completion queue), pool.c (the message buffer pool, registered regions),
- * conn.c (connections: the CM, credits, messages), rma.c (one-sided
- * operations), strerror.c.
+ * conn.c (connections: the CM, the QP, closing), msg.c (receives, sending,
+ * completions), rma.c (one-sided operations), strerror.c.
  *
  * Wire (between two liburdma ends): the CM private data carries struct
  * api_hello then the application's hello, 56 bytes at most (what an IB CM

@@ -213,11 +213,14 @@ static int qp_setup(urdma_conn *c, struct rdma_cm_id *id)
 		return ret;
 	rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &to,
 			sizeof(to));
-	/* a device that takes less inline data (or none): what it takes */
-	if (rdma_create_qp(id, ctx->pd, &a) &&
-	    (!a.cap.max_inline_data || errno != EINVAL ||
-	     (a.cap.max_inline_data = 0, rdma_create_qp(id, ctx->pd, &a)))) {
-		ret = api_errno();
+	ret = rdma_create_qp(id, ctx->pd, &a) ? api_errno() : 0;
+	if (ret == -EINVAL && a.cap.max_inline_data) {
+		/* a device that refuses this much inline data: none (one
+		 * that takes less says how much in a.cap, used below) */
+		a.cap.max_inline_data = 0;
+		ret = rdma_create_qp(id, ctx->pd, &a) ? api_errno() : 0;
+	}
+	if (ret) {
 		api_cq_grow(ctx, -(int)(depth * 3 + 2));
 		return ret;
 	}

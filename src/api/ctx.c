@@ -257,7 +257,7 @@ int api_push(urdma_ctx *ctx, int type, int status, urdma_conn *c, void *user,
 
 	if (evq_room(q) <= keep + q->cap / 4)
 		evq_grow(q); /* early; a failure leaves the room there is */
-	if (!evq_room(q) || evq_room(q) <= keep)
+	if (evq_room(q) <= keep)
 		return -ENOMEM;
 	q->ev[q->tail++ & (q->cap - 1)] = (urdma_event){
 		.type = type, .status = status, .conn = c, .user = user,
@@ -345,7 +345,9 @@ int api_wc_errno(enum ibv_wc_status st)
 	}
 }
 
-/* Take what the CQ has (at most CQ_PER_POLL); true if it may hold more. */
+/* Take what the CQ has (at most CQ_PER_POLL), then flush the connections
+ * that made dirty (credits to grant, queued sends, receives to re-post);
+ * true if the CQ may hold more. */
 static bool cq_drain(urdma_ctx *ctx)
 {
 	struct ibv_wc wc[CQ_BATCH];
@@ -357,6 +359,7 @@ static bool cq_drain(urdma_ctx *ctx)
 			api_wc(ctx, &wc[i]);
 		total += n > 0 ? n : 0;
 	} while (n == CQ_BATCH && total < CQ_PER_POLL);
+	api_flush_dirty(ctx);
 	return n == CQ_BATCH;
 }
 
@@ -407,7 +410,6 @@ static void progress(urdma_ctx *ctx)
 {
 	struct epoll_event ready[4];
 	uint64_t v, now;
-	bool more;
 	int n;
 
 	ctx->in_progress = true;
@@ -439,9 +441,7 @@ static void progress(urdma_ctx *ctx)
 			cq_event(ctx);
 		}
 	}
-	more = cq_drain(ctx);
-	api_flush_dirty(ctx);
-	if (more)
+	if (cq_drain(ctx))
 		api_kick(ctx);
 	api_timer_update(ctx);
 	ctx->in_progress = false;
@@ -460,7 +460,6 @@ static bool arm(urdma_ctx *ctx)
 	ctx->armed = true;
 	ctx->in_progress = true;
 	more = cq_drain(ctx);
-	api_flush_dirty(ctx);
 	ctx->in_progress = false;
 	if (more || ctx->q.head != ctx->q.tail)
 		api_kick(ctx);
@@ -502,12 +501,10 @@ static void goodbye(urdma_ctx *ctx)
 		return; /* a create that failed */
 	api_lock(ctx);
 	while (api_close_all(ctx)) {
-		progress(ctx);
-		if (!api_close_all(ctx))
-			break;
 		if (!arm(ctx))
 			sleep_fd(ctx, 10);
-		ctx->fds_ns = 0;
+		ctx->fds_ns = 0; /* the CLOSING deadlines are on the timer */
+		progress(ctx);
 	}
 	api_unlock(ctx);
 }
@@ -588,7 +585,6 @@ static bool spin(urdma_ctx *ctx, urdma_conn *conn, int type)
 	ctx->in_progress = true;
 	do {
 		cq_drain(ctx);
-		api_flush_dirty(ctx);
 		met = match(ctx, conn, type) >= 0;
 		if (!met)
 			cpu_relax();

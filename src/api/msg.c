@@ -34,6 +34,13 @@ static int post_recv(urdma_conn *c, struct api_rrec *r)
 	return 0;
 }
 
+/* A receive's buffer goes back to the pool; its slot is empty. */
+static void rrec_drop(urdma_ctx *ctx, struct api_rrec *r)
+{
+	api_buf_put(ctx, r->buf);
+	r->buf = NULL;
+}
+
 /* Post receive r with a fresh pool buffer: a credit to grant.  With the
  * pool empty the connection waits for a buffer to come back (starved). */
 static bool recv_fill(urdma_conn *c, struct api_rrec *r)
@@ -45,8 +52,7 @@ static bool recv_fill(urdma_conn *c, struct api_rrec *r)
 		return false;
 	}
 	if (post_recv(c, r)) {
-		api_buf_put(c->ctx, r->buf);
-		r->buf = NULL;
+		rrec_drop(c->ctx, r);
 		return false;
 	}
 	c->owed++;
@@ -149,8 +155,8 @@ static int send_msg(urdma_conn *c, void *buf, uint32_t len, int64_t lkey,
 
 static bool can_send_data(const urdma_conn *c)
 {
-	return c->state == ST_OPEN || c->state == ST_CLOSING ?
-		       c->credits >= 2 && sq_used(c) < c->sq_size : false;
+	return (c->state == ST_OPEN || c->state == ST_CLOSING) &&
+	       c->credits >= 2 && sq_used(c) < c->sq_size;
 }
 
 uint32_t api_queued(const urdma_conn *c)
@@ -290,10 +296,7 @@ void api_flush(urdma_conn *c)
 		unstarve(c);
 		return;
 	}
-	if (c->rq_posted < c->rq_size)
-		api_refill(c);
-	else
-		unstarve(c);
+	api_refill(c);
 	/* After the peer's goodbye nothing more goes: it disconnects. */
 	if (c->state < ST_OPEN || c->bye_rcvd)
 		return;
@@ -354,15 +357,13 @@ static void on_recv(urdma_ctx *ctx, struct api_rrec *r, const struct ibv_wc *wc)
 		return;
 	}
 	if (wc->status != IBV_WC_SUCCESS) {
-		api_buf_put(ctx, r->buf);
-		r->buf = NULL;
+		rrec_drop(ctx, r);
 		if (wc->status != IBV_WC_WR_FLUSH_ERR)
 			api_conn_fail(c, api_wc_errno(wc->status));
 		return;
 	}
 	if (!(wc->wc_flags & IBV_WC_WITH_IMM)) {
-		api_buf_put(ctx, r->buf);
-		r->buf = NULL;
+		rrec_drop(ctx, r);
 		api_conn_fail(c, -EPROTO);
 		return;
 	}
@@ -371,16 +372,13 @@ static void on_recv(urdma_ctx *ctx, struct api_rrec *r, const struct ibv_wc *wc)
 	if (imm & (API_IMM_UPDATE | API_IMM_BYE)) {
 		if (imm & API_IMM_BYE)
 			c->bye_rcvd = true;
-		if (c->state >= ST_DRAINING || post_recv(c, r)) {
-			api_buf_put(ctx, r->buf);
-			r->buf = NULL;
-		} else {
+		if (c->state >= ST_DRAINING || post_recv(c, r))
+			rrec_drop(ctx, r);
+		else
 			c->owed++;
-		}
 	} else if (api_push(ctx, URDMA_EV_RECV, 0, c, c->user, r->buf,
 			    wc->byte_len, 0)) {
-		api_buf_put(ctx, r->buf); /* no room to say it: the end */
-		r->buf = NULL;
+		rrec_drop(ctx, r); /* no room to say it: the end */
 		api_conn_fail(c, -ENOMEM);
 	} else {
 		api_buf_hold(ctx, r->buf, true);
