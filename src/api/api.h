@@ -223,15 +223,11 @@ void api_pool_fini(urdma_ctx *ctx);
 /* A free buffer and its lkey (NULL if none and the pool is full). */
 void *api_buf_get(urdma_ctx *ctx, uint32_t *lkey);
 void api_buf_put(urdma_ctx *ctx, void *buf);
-/* p as the application hands it to us (urdma_send, urdma_buf_free): the
- * lkey of the pool buffer that starts at p; -ENOENT if p starts none (the
- * application's own memory); -EINVAL if the application does not hold
- * that buffer (given back twice, or sent). */
-int64_t api_buf_lkey(urdma_ctx *ctx, const void *p);
-/* Whether the application holds the pool buffer buf (urdma_buf_alloc and
- * RECV events hand buffers over; urdma_send and urdma_buf_free take them
- * back). */
-void api_buf_hold(urdma_ctx *ctx, void *buf, bool held);
+/* The held byte of the pool buffer that starts at p (1 while the
+ * application holds it: urdma_buf_alloc and RECV events hand buffers
+ * over, urdma_send and urdma_buf_free take them back), and its lkey; NULL
+ * if p starts no pool buffer (the application's own memory). */
+uint8_t *api_buf_held(urdma_ctx *ctx, const void *p, uint32_t *lkey);
 /* The lkey of [p, p+len) (pool or registered region), or -EFAULT; write:
  * the memory must be writable by the device. */
 int64_t api_lkey(urdma_ctx *ctx, const void *p, size_t len, bool write);

@@ -186,7 +186,7 @@ API_EXPORT int urdma_send(urdma_conn *c, const void *buf, size_t len,
 {
 	urdma_ctx *ctx;
 	uint32_t lkey;
-	int64_t lent = -ENOENT;
+	uint8_t *held = NULL;
 	void *copy;
 	bool now;
 	int ret = 0;
@@ -212,23 +212,23 @@ API_EXPORT int urdma_send(urdma_conn *c, const void *buf, size_t len,
 		goto out;
 	}
 	/* a pool buffer the application holds is lent, not copied */
-	lent = len ? api_buf_lkey(ctx, buf) : -ENOENT;
-	if (lent == -EINVAL) {
+	held = len ? api_buf_held(ctx, buf, &lkey) : NULL;
+	if (held && !*held) {
 		ret = -EINVAL; /* a pool buffer it gave back or sent already */
 		goto out;
 	}
 	now = !api_queued(c) && can_send_data(c);
-	if (now && (lent >= 0 || len <= c->inline_max)) {
-		ret = send_msg(c, (void *)buf, (uint32_t)len, lent, user, 0);
+	if (now && (held || len <= c->inline_max)) {
+		ret = send_msg(c, (void *)buf, (uint32_t)len,
+			       held ? (int64_t)lkey : -1, user, 0);
 		goto out;
 	}
 	/* Copies wait up to queue_depth, and take no buffer while a
 	 * connection waits for one to post a receive: the pool stays for
 	 * receives, or two sides that flood each other would fill their
 	 * pools with sends and grant no credit ever again. */
-	if (lent >= 0) {
+	if (held) {
 		copy = (void *)buf;
-		lkey = (uint32_t)lent;
 	} else {
 		copy = (now || c->pend_copies < ctx->cfg.queue_depth) &&
 				       list_empty(&ctx->starved) ?
@@ -246,12 +246,12 @@ API_EXPORT int urdma_send(urdma_conn *c, const void *buf, size_t len,
 	}
 	if (now) {
 		ret = send_msg(c, copy, (uint32_t)len, lkey, user, 0);
-		if (ret && lent < 0)
+		if (ret && !held)
 			api_buf_put(ctx, copy);
 		goto out;
 	}
 	if (api_queued(c) == c->pend_cap && pend_grow(c)) {
-		if (lent < 0)
+		if (!held)
 			api_buf_put(ctx, copy);
 		ret = -ENOMEM;
 		goto out;
@@ -260,11 +260,11 @@ API_EXPORT int urdma_send(urdma_conn *c, const void *buf, size_t len,
 	 * connection) comes: that marks the connection dirty. */
 	c->pend[c->pend_head++ & (c->pend_cap - 1)] = (struct api_pending){
 		.buf = copy, .len = (uint32_t)len, .lkey = lkey, .user = user,
-		.copy = lent < 0 };
-	c->pend_copies += lent < 0;
+		.copy = !held };
+	c->pend_copies += !held;
 out:
-	if (!ret && lent >= 0)
-		api_buf_hold(ctx, (void *)buf, false); /* ours until sent */
+	if (!ret && held)
+		*held = 0; /* ours until sent */
 	api_unlock(ctx);
 	return ret;
 }
@@ -381,7 +381,7 @@ static void on_recv(urdma_ctx *ctx, struct api_rrec *r, const struct ibv_wc *wc)
 		rrec_drop(ctx, r); /* no room to say it: the end */
 		api_conn_fail(c, -ENOMEM);
 	} else {
-		api_buf_hold(ctx, r->buf, true);
+		*api_buf_held(ctx, r->buf, NULL) = 1;
 		if (c->state <= ST_CLOSING)
 			recv_fill(c, r); /* the old buffer is the application's */
 		else

@@ -108,43 +108,30 @@ static struct api_slab *slab_of(urdma_ctx *ctx, const void *p)
 	return NULL;
 }
 
-void api_buf_put(urdma_ctx *ctx, void *buf)
+static void buf_push(urdma_ctx *ctx, void *buf, uint32_t lkey)
 {
-	ctx->free_bufs[ctx->nfree++] =
-		(struct api_buf){ buf, slab_of(ctx, buf)->mr->lkey };
+	ctx->free_bufs[ctx->nfree++] = (struct api_buf){ buf, lkey };
 	/* the first connection short of receives refills at its flush; it
 	 * stays on the list (copies take no buffer) until it is full */
 	if (!list_empty(&ctx->starved))
 		api_mark_dirty(list_entry(ctx->starved.next, urdma_conn, snode));
 }
 
-/* The held flag of the pool buffer that starts at p, or NULL. */
-static uint8_t *held_of(urdma_ctx *ctx, const void *p, struct api_slab **sp)
+void api_buf_put(urdma_ctx *ctx, void *buf)
+{
+	buf_push(ctx, buf, slab_of(ctx, buf)->mr->lkey);
+}
+
+uint8_t *api_buf_held(urdma_ctx *ctx, const void *p, uint32_t *lkey)
 {
 	struct api_slab *s = slab_of(ctx, p);
 	size_t off = s ? (size_t)((const uint8_t *)p - s->base) : 1;
 
 	if (!s || off % ctx->cfg.buf_size)
 		return NULL;
-	*sp = s;
+	if (lkey)
+		*lkey = s->mr->lkey;
 	return &s->held[off / ctx->cfg.buf_size];
-}
-
-int64_t api_buf_lkey(urdma_ctx *ctx, const void *p)
-{
-	struct api_slab *s;
-	uint8_t *h = held_of(ctx, p, &s);
-
-	return !h ? -ENOENT : *h ? (int64_t)s->mr->lkey : -EINVAL;
-}
-
-void api_buf_hold(urdma_ctx *ctx, void *buf, bool held)
-{
-	struct api_slab *s;
-	uint8_t *h = held_of(ctx, buf, &s);
-
-	if (h)
-		*h = held;
 }
 
 static bool mem_holds(const struct urdma_mem *m, uint64_t a, size_t len)
@@ -188,7 +175,7 @@ API_EXPORT void *urdma_buf_alloc(urdma_ctx *ctx)
 	api_lock(ctx);
 	b = api_buf_get(ctx, NULL);
 	if (b)
-		api_buf_hold(ctx, b, true);
+		*api_buf_held(ctx, b, NULL) = 1;
 	api_unlock(ctx);
 	if (!b)
 		errno = ENOBUFS;
@@ -199,20 +186,21 @@ API_EXPORT void *urdma_buf_alloc(urdma_ctx *ctx)
  * twice would put it twice on the free stack (and past its end). */
 API_EXPORT void urdma_buf_free(urdma_ctx *ctx, void *buf)
 {
-	int64_t k;
+	uint8_t *held;
+	uint32_t lkey;
 
 	if (!ctx || !buf)
 		return;
 	api_lock(ctx);
-	k = api_buf_lkey(ctx, buf);
-	if (k >= 0) {
-		api_buf_hold(ctx, buf, false);
-		api_buf_put(ctx, buf);
+	held = api_buf_held(ctx, buf, &lkey);
+	if (held && *held) {
+		*held = 0;
+		buf_push(ctx, buf, lkey);
 	} else {
 		urdma_info("urdma_buf_free(%p): %s", buf,
-			   k == -ENOENT ? "not a pool buffer" :
-					  "not the application's (freed "
-					  "before, or sent)");
+			   !held ? "not a pool buffer" :
+				   "not the application's (freed "
+				   "before, or sent)");
 	}
 	api_unlock(ctx);
 }
