@@ -196,20 +196,21 @@ static void rx_fail(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
 enum { RX_OK, RX_STALL, RX_ERR };
 
 /*
- * A receive completed: its armed CQ is notified at the end of the pass
- * (rx_locked), once what came with it is handled.  The flush Read behind a
- * Send is then queued as a response before the application learns of the
- * Send, so its answer carries the response first (tcp_tx) and the peer
- * completes its Send before it sees the answer, as with a NIC's
- * acknowledgement (perftest -e waits for the two on one channel).
+ * A receive completed: noted here, and its armed CQ notified at the end
+ * of the pass (rx_locked: rq_notify), once what came with it is handled.
+ * The flush Read behind a Send is then queued as a response before the
+ * application learns of the Send, so its answer carries the response
+ * first (tcp_tx) and the peer completes its Send before it sees the
+ * answer, as with a NIC's acknowledgement (perftest -e waits for the two
+ * on one channel).
  */
-static void rq_notify(struct tcp_conn *c, bool solicited)
+static void rq_note(struct tcp_conn *c, bool solicited)
 {
 	c->note = true;
 	c->note_solicited |= solicited;
 }
 
-static void rq_notify_now(struct tcp_conn *c)
+static void rq_notify(struct tcp_conn *c)
 {
 	bool solicited = c->note_solicited;
 
@@ -385,7 +386,7 @@ out_done:
 out:
 	urdma_rq_idle(qp->shm);
 	if (done) /* errors always notify */
-		rq_notify(c, solicited || r == RX_ERR);
+		rq_note(c, solicited || r == RX_ERR);
 	return r;
 }
 
@@ -409,7 +410,7 @@ static int rx_imm(struct tcp_conn *c, const struct iwarp_msg *m)
 	rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM,
 		     c->last_write_len, true, m->u.imm.imm);
 	urdma_rq_idle(qp->shm);
-	rq_notify(c, m->opcode == RDMAP_IMM_SE);
+	rq_note(c, m->opcode == RDMAP_IMM_SE);
 	c->rx_msn[DDP_QN_SEND]++;
 	return RX_OK;
 }
@@ -718,7 +719,7 @@ void rx_locked(struct tcp_conn *c, uint64_t hold_ns)
 	rx_owner = c;
 	c->rx_hold_ns = hold_ns;
 	rx_pass(c);
-	rq_notify_now(c);
+	rq_notify(c);
 	rx_owner = outer;
 }
 
