@@ -67,6 +67,23 @@ trap 'exit 130' INT TERM HUP
 
 say() { printf '%s\n' "$*" >&2; }
 
+is_num() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?$ ]]; }
+
+# keep VALS FAILS KEY WHAT LOGS: VAL, the measurement just made, joins the
+# values of KEY in the associative array VALS if it is a number; otherwise
+# FAILS counts a failure of KEY (its logs: LOGS).  False on a failure.
+keep() {
+    local -n kept=$1 failed=$2
+    if is_num "$VAL"; then
+        kept[$3]="${kept[$3]:-} $VAL"
+        say "bench: $4 = $VAL"
+        return 0
+    fi
+    failed[$3]=$((${failed[$3]:-0} + 1))
+    say "bench: $4 failed (see $5)"
+    return 1
+}
+
 # have CMD PACKAGE: true if CMD is available (installing PACKAGE as root).
 have() {
     command -v "$1" >/dev/null 2>&1 && return 0
@@ -283,14 +300,7 @@ while [ "$REP" -lt "$REPS" ]; do
         [ "${FAILS[$k]:-0}" -ge 2 ] && continue
         VAL=""
         measure "$k"
-        v=$VAL
-        if [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
-            VALS[$k]="${VALS[$k]:-} $v"
-            say "bench: rep $REP $k = $v"
-        else
-            FAILS[$k]=$((${FAILS[$k]:-0} + 1))
-            say "bench: rep $REP $k failed (see $LOGS/*.$REP.*.log)"
-        fi
+        keep VALS FAILS "$k" "rep $REP $k" "$LOGS/*.$REP.*.log"
     done
     DONE_REPS=$REP
 done
@@ -445,7 +455,7 @@ tcp_row() {  # path metric urdma peer-name peer
 bench_tcp() {
     local reps=${BENCH_TCP_REPS:-3} budget=${BENCH_TCP_BUDGET:-240} start=$SECONDS
     local -a paths=(lo) keys=()
-    local p k v note=""
+    local p k note=""
     have iperf3 iperf3 && keys+=(iperf3)
     have sockperf sockperf && keys+=(sockperf)
     have ucx_perftest ucx-utils && keys+=(ucx)
@@ -486,14 +496,7 @@ bench_tcp() {
                     sockperf) tcp_sockperf ;;
                     ucx) tcp_ucx_lat ;;
                 esac
-                v=$VAL
-                if [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
-                    TCP_VALS[$p.$k]="${TCP_VALS[$p.$k]:-} $v"
-                    say "bench: tcp rep $REP $p $k = $v"
-                else
-                    TCP_FAILS[$p.$k]=$((${TCP_FAILS[$p.$k]:-0} + 1))
-                    say "bench: tcp rep $REP $p $k failed (see $LOGS/tcp-$p.*.$REP.*)"
-                fi
+                keep TCP_VALS TCP_FAILS "$p.$k" "tcp rep $REP $p $k" "$LOGS/tcp-$p.*.$REP.*"
             done
         done
     done
@@ -601,7 +604,7 @@ cmed() {  # KEY -> median or n/a
 bench_cm() {
     local reps=${BENCH_CM_REPS:-5} budget=${BENCH_CM_BUDGET:-120} start=$SECONDS
     local -a keys=()
-    local k v note=""
+    local k note=""
     tcp_path lo
     if ! have cmtime rdmacm-utils || ! have rstream rdmacm-utils; then
         note="rdmacm-utils not installed: no figures."
@@ -645,17 +648,10 @@ bench_cm() {
                 rs_lat) cm_rstream lat urdma ;;
                 rs_lat_tcp) cm_rstream lat tcp ;;
             esac
-            v=$VAL
-            if [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
-                CM_VALS[$k]="${CM_VALS[$k]:-} $v"
-                say "bench: cm rep $REP $k = $v"
-                if [[ $VAL2 =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
-                    CM_VALS[$k.connect]="${CM_VALS[$k.connect]:-} $VAL2"
-                    say "bench: cm rep $REP $k.connect = $VAL2"
-                fi
-            else
-                CM_FAILS[$k]=$((${CM_FAILS[$k]:-0} + 1))
-                say "bench: cm rep $REP $k failed (see $LOGS/cm-*.$REP.*)"
+            if keep CM_VALS CM_FAILS "$k" "cm rep $REP $k" "$LOGS/cm-*.$REP.*" &&
+               is_num "$VAL2"; then
+                VAL=$VAL2
+                keep CM_VALS CM_FAILS "$k.connect" "cm rep $REP $k.connect" ""
             fi
         done
     done
@@ -777,13 +773,7 @@ bench_api() {
                     ucx_rate) ucx_am_rate ;;
                     *) api_measure "$p" "$k" ;;
                 esac
-                if [[ $VAL =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
-                    API_VALS[$p.$k]="${API_VALS[$p.$k]:-} $VAL"
-                    say "bench: api rep $REP $p $k = $VAL"
-                else
-                    API_FAILS[$p.$k]=$((${API_FAILS[$p.$k]:-0} + 1))
-                    say "bench: api rep $REP $p $k failed (see $LOGS/api-$p.$k.$REP.*)"
-                fi
+                keep API_VALS API_FAILS "$p.$k" "api rep $REP $p $k" "$LOGS/api-$p.$k.$REP.*"
             done
         done
     done
