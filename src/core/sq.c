@@ -168,7 +168,7 @@ static __thread struct urdma_qp *running_qp;
  * later calls urdma_qp_wr_mark() and _kick().  Completions are reported
  * in SQ order.
  */
-void urdma_sq_run(struct urdma_qp *qp)
+static void sq_run(struct urdma_qp *qp)
 {
 	atomic_store_explicit(&qp->sq_async, 0, memory_order_relaxed);
 	for (;;) {
@@ -247,6 +247,46 @@ void urdma_sq_run(struct urdma_qp *qp)
 	 * Flushed receives are completions: wake an armed CQ. */
 	if (qp->ibqp.state == IBV_QPS_ERR && urdma_rq_flush(qp))
 		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
+}
+
+/* A receive's notification held back for the completions retired now
+ * (urdma_qp_notify_recv), or a peer's (notify_fired): fired after them. */
+static void fire_held(struct urdma_qp *qp)
+{
+	struct urdma_shm_qp *s = qp->shm;
+
+	if (atomic_load(&s->notify_fired) && atomic_exchange(&s->notify_fired, 0))
+		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
+}
+
+void urdma_sq_run(struct urdma_qp *qp)
+{
+	sq_run(qp);
+	fire_held(qp);
+}
+
+/*
+ * A receive completed into qp's armed CQ, by this process's receive path
+ * (TCP).  Send completions marked before it (a response read just before
+ * the message) are retired and fired first, as a NIC writes CQEs in the
+ * order things arrive: a program that waits for its send's event on a
+ * channel its receive CQ shares (perftest -e) must not get the receive's.
+ * If the engine is busy (this thread runs one of qp's WRs, or another
+ * holds sq_lock), its holder fires it when it has retired them, or the
+ * progress thread does.
+ */
+void urdma_qp_notify_recv(struct urdma_qp *qp)
+{
+	if (atomic_load(&qp->sq_async)) {
+		if (running_qp == qp || pthread_mutex_trylock(&qp->sq_lock)) {
+			atomic_store(&qp->shm->notify_fired, 1);
+			urdma_progress_kick();
+			return;
+		}
+		urdma_sq_run(qp);
+		pthread_mutex_unlock(&qp->sq_lock);
+	}
+	urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
 }
 
 /* A transport finished a WR it had posted (URDMA_TX_POSTED): mark it, then
@@ -353,8 +393,6 @@ bool urdma_qp_maintain(struct urdma_qp *qp)
 			again = true;
 		}
 	}
-	if (atomic_load(&s->notify_fired) && atomic_exchange(&s->notify_fired, 0))
-		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
 	/* In ERR, the receives wait for a deliverer to leave the ring. */
 	if (atomic_load(&qp->rq_flush_wait)) {
 		if (urdma_rq_flush(qp))
@@ -366,7 +404,12 @@ bool urdma_qp_maintain(struct urdma_qp *qp)
 		again |= tr->maintain(qp);
 	if (qp->sq_pending || atomic_load(&qp->sq_async))
 		urdma_qp_progress(qp);
-	return again || qp->sq_pending || atomic_load(&qp->sq_async);
+	/* after the send completions that came before it; if the engine
+	 * was busy, its holder fires it, or the next pass */
+	if (!atomic_load(&qp->sq_async))
+		fire_held(qp);
+	return again || qp->sq_pending || atomic_load(&qp->sq_async) ||
+	       atomic_load(&s->notify_fired);
 }
 
 void urdma_qp_release(struct urdma_qp *qp)

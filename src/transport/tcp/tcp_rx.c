@@ -218,7 +218,7 @@ static void rq_notify(struct tcp_conn *c)
 		return;
 	c->note = c->note_solicited = false;
 	if (c->qp && urdma_rq_notify_claim(c->qp->shm, solicited))
-		urdma_cq_notify(to_ucq(c->qp->ibqp.recv_cq));
+		urdma_qp_notify_recv(c->qp);
 }
 
 /* Enter our own receive ring as its deliverer, as the shm requester enters
