@@ -79,13 +79,17 @@ static uint32_t new_key(uint32_t idx)
 	return key;
 }
 
-/* Fills the shared entry; the key is published last. */
-static void mr_publish(struct urdma_mr *mr, uint32_t pd_id)
+/* Fills the shared entry with key (a new one, or the MR's own on
+ * ibv_rereg_mr, as rxe and mlx5 keep it: peers hold it); the key is
+ * published last, and seq tells readers the entry changed under them. */
+static void mr_publish(struct urdma_mr *mr, uint32_t pd_id, uint32_t key)
 {
 	struct urdma_shm_mr *e = mr->shm;
-	uint32_t key = new_key(URDMA_MR_IDX(mr->ibmr.lkey));
+	uint32_t seq = atomic_load_explicit(&e->seq, memory_order_relaxed);
 
-	atomic_store_explicit(&e->key, 0, memory_order_release);
+	atomic_store_explicit(&e->key, 0, memory_order_relaxed);
+	atomic_store_explicit(&e->seq, seq + 1, memory_order_relaxed);
+	atomic_thread_fence(memory_order_release);
 	e->access = mr->access;
 	e->pd_id = pd_id;
 	e->iova = mr->iova;
@@ -94,6 +98,7 @@ static void mr_publish(struct urdma_mr *mr, uint32_t pd_id)
 	atomic_store_explicit(&e->flags, mr->direct ? URDMA_MR_F_DIRECT : 0,
 			      memory_order_relaxed);
 	mr->ibmr.lkey = mr->ibmr.rkey = key;
+	atomic_store_explicit(&e->seq, seq + 2, memory_order_release);
 	atomic_store_explicit(&e->key, key, memory_order_release);
 }
 
@@ -166,13 +171,12 @@ struct ibv_mr *urdma_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length,
 	mr->ibmr.addr = addr;
 	mr->ibmr.length = length;
 	mr->ibmr.handle = idx;
-	mr->ibmr.lkey = idx;
 	mr->shm = &uctx->shm->mr[idx];
 	mr->iova = iova;
 	mr->length = length;
 	mr->va = va;
 	mr->access = access & ~IBV_ACCESS_OPTIONAL_RANGE;
-	mr_publish(mr, pd->id);
+	mr_publish(mr, pd->id, new_key(idx));
 	uctx->mrs[idx] = mr;
 	uctx->num_mrs = idx + 1;
 	pthread_mutex_unlock(&uctx->lock);
@@ -256,7 +260,7 @@ int urdma_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd,
 		atomic_fetch_add(&to_upd(ibpd)->usecnt, 1);
 		ibmr->pd = ibpd;
 	}
-	mr_publish(mr, to_upd(ibmr->pd)->id);
+	mr_publish(mr, to_upd(ibmr->pd)->id, ibmr->lkey);
 	pthread_mutex_unlock(&uctx->lock);
 	return 0;
 }

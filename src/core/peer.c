@@ -410,9 +410,11 @@ int urdma_mr_lookup(const struct urdma_shm_ctx *shm, uint32_t key,
 {
 	const struct urdma_shm_mr *e = &shm->mr[URDMA_MR_IDX(key)];
 	uint64_t iova, length, base;
-	uint32_t acc, pd, flags;
+	uint32_t acc, pd, flags, seq;
 
-	if (!key || atomic_load_explicit(&e->key, memory_order_acquire) != key)
+	seq = atomic_load_explicit(&e->seq, memory_order_acquire);
+	if (!key || (seq & 1) ||
+	    atomic_load_explicit(&e->key, memory_order_acquire) != key)
 		return -EINVAL;
 	iova = e->iova;
 	length = e->length;
@@ -420,7 +422,8 @@ int urdma_mr_lookup(const struct urdma_shm_ctx *shm, uint32_t key,
 	acc = e->access;
 	pd = e->pd_id;
 	atomic_thread_fence(memory_order_acquire);
-	if (atomic_load_explicit(&e->key, memory_order_relaxed) != key)
+	if (atomic_load_explicit(&e->key, memory_order_relaxed) != key ||
+	    atomic_load_explicit(&e->seq, memory_order_relaxed) != seq)
 		return -EINVAL;
 	if (pd != pd_id || (acc & access) != access)
 		return -EACCES;

@@ -37,7 +37,7 @@
 #include <stdint.h>
 
 #define URDMA_SHM_MAGIC 0x75726d61u /* "urma" */
-#define URDMA_SHM_VERSION 3u
+#define URDMA_SHM_VERSION 4u
 #define URDMA_CACHELINE 64
 
 /* MR table: key = (random tag << URDMA_MR_IDX_BITS) | index. */
@@ -62,7 +62,12 @@ struct urdma_shm_mr {
 	uint64_t iova;          /* address the WRs use */
 	uint64_t length;
 	uint64_t va; /* owner virtual address of iova == memfd offset */
-	uint64_t reserved[3];
+	/* Odd while the owner rewrites the entry (ibv_rereg_mr keeps the
+	 * key): a reader that saw another value before and after, or an odd
+	 * one, read a mix of two entries. */
+	_Atomic uint32_t seq;
+	uint32_t reserved0;
+	uint64_t reserved[2];
 };
 static_assert(sizeof(struct urdma_shm_mr) == 64, "MR entry is one cache line");
 

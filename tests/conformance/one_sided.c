@@ -903,6 +903,85 @@ static void rereg_child(struct t_peer *p, void *arg)
 	free(b);
 }
 
+/* ---- ibv_rereg_mr keeps the keys the peer already holds (rxe, mlx5) ---- */
+
+static void rereg_keys_parent(struct t_peer *p, void *arg)
+{
+	struct initiator in;
+	initiator_open(&in, 8192, NULL);
+	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	uint32_t lkey = in.mr->lkey;
+	/* Our own MR, to a new PD and back: the lkey stays and still works. */
+	struct ibv_pd *pd2 = ibv_alloc_pd(in.r.ctx);
+	REQUIRE(pd2, "ibv_alloc_pd");
+	int ret = ibv_rereg_mr(in.mr, IBV_REREG_MR_CHANGE_PD, pd2, NULL, 0, 0);
+	CHECK(ret == 0 && in.mr->lkey == lkey, "rereg CHANGE_PD: %d, lkey %#x -> %#x", ret,
+	      lkey, in.mr->lkey);
+	ret = ibv_rereg_mr(in.mr, IBV_REREG_MR_CHANGE_PD, in.r.pd, NULL, 0, 0);
+	CHECK(ret == 0 && in.mr->lkey == lkey, "rereg CHANGE_PD back: %d", ret);
+	CHECK(ibv_dealloc_pd(pd2) == 0, "ibv_dealloc_pd");
+
+	/* The target added REMOTE_READ: a READ with the rkey it gave before. */
+	t_barrier(p);
+	t_pattern_fill(in.buf, 3000, 71);
+	ret = t_post_send(in.r.qp, 1, IBV_WR_RDMA_WRITE, in.buf, 3000, in.mr->lkey,
+			  IBV_SEND_SIGNALED, in.remote.addr + 100, in.remote.rkey);
+	REQUIRE(ret == 0, "post RDMA_WRITE: %d", ret);
+	t_expect_wc(in.r.send_cq, NULL, 1, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE,
+		    "WRITE with the rkey held from before CHANGE_ACCESS");
+	memset(in.buf + 4096, 0, 3000);
+	ret = t_post_send(in.r.qp, 2, IBV_WR_RDMA_READ, in.buf + 4096, 3000, in.mr->lkey,
+			  IBV_SEND_SIGNALED, in.remote.addr + 100, in.remote.rkey);
+	REQUIRE(ret == 0, "post RDMA_READ: %d", ret);
+	t_expect_wc(in.r.send_cq, NULL, 2, IBV_WC_SUCCESS, IBV_WC_RDMA_READ,
+		    "READ with the rkey held from before CHANGE_ACCESS gave REMOTE_READ");
+	CHECK(t_pattern_check(in.buf + 4096, 3000, 71) < 0, "READ returned other data");
+
+	/* The target moved the MR: only the new address comes, not a key. */
+	t_barrier(p);
+	uint64_t addr = t_recv_u64(p, T_WAIT_MS);
+	t_pattern_fill(in.buf, 2000, 72);
+	ret = t_post_send(in.r.qp, 3, IBV_WR_RDMA_WRITE, in.buf, 2000, in.mr->lkey,
+			  IBV_SEND_SIGNALED, addr + 10, in.remote.rkey);
+	REQUIRE(ret == 0, "post RDMA_WRITE: %d", ret);
+	t_expect_wc(in.r.send_cq, NULL, 3, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE,
+		    "WRITE with the rkey held from before CHANGE_TRANSLATION");
+	send_done(p);
+	t_barrier(p);
+	initiator_close(&in);
+}
+
+static void rereg_keys_child(struct t_peer *p, void *arg)
+{
+	struct target t;
+	target_open(&t, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	t_connect_pair(p, &t.r, t.mr, NULL);
+	uint32_t lkey = t.mr->lkey, rkey = t.mr->rkey;
+	int ret = ibv_rereg_mr(t.mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+			       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				       IBV_ACCESS_REMOTE_READ);
+	REQUIRE(ret == 0, "ibv_rereg_mr(CHANGE_ACCESS): %d (errno %d)", ret, errno);
+	CHECK(t.mr->lkey == lkey && t.mr->rkey == rkey,
+	      "CHANGE_ACCESS changed the keys: %#x/%#x -> %#x/%#x", lkey, rkey, t.mr->lkey,
+	      t.mr->rkey);
+	t_barrier(p);
+	t_barrier(p); /* the WRITE and the READ are done */
+	CHECK(t_pattern_check(t.region + 100, 3000, 71) < 0, "the first WRITE did not land");
+	unsigned char *b = t_alloc(8192);
+	ret = ibv_rereg_mr(t.mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, b, 8192, 0);
+	REQUIRE(ret == 0, "ibv_rereg_mr(CHANGE_TRANSLATION): %d (errno %d)", ret, errno);
+	CHECK(t.mr->lkey == lkey && t.mr->rkey == rkey,
+	      "CHANGE_TRANSLATION changed the keys: %#x/%#x -> %#x/%#x", lkey, rkey,
+	      t.mr->lkey, t.mr->rkey);
+	t_send_u64(p, (uint64_t)(uintptr_t)b);
+	struct verify_msg m;
+	t_recv_msg(p, &m, sizeof(m), T_WAIT_MS);
+	CHECK(t_pattern_check(b + 10, 2000, 72) < 0, "the WRITE did not land in the new buffer");
+	t_barrier(p);
+	target_close(&t);
+	free(b);
+}
+
 /* ---- A chain mixing every opcode: executed and completed in order ---- */
 
 static void mixed_parent(struct t_peer *p, void *arg)
@@ -1196,6 +1275,7 @@ int main(int argc, char **argv)
 	t_pair("atomics", atomic_parent, atomic_child, NULL);
 	t_pair("iova_mr_remote_access", iova_parent, iova_child, NULL);
 	t_pair("rereg_mr_remote_write", rereg_parent, rereg_child, NULL);
+	t_pair("rereg_mr_keeps_keys", rereg_keys_parent, rereg_keys_child, NULL);
 	t_pair("mixed_opcode_chain", mixed_parent, mixed_child, NULL);
 	t_pair("fenced_read_after_unsignaled_writes", fence_parent, fence_child, NULL);
 	t_pair("outstanding_reads_depth1", reads_parent, reads_child, (void *)1);
