@@ -157,7 +157,10 @@ static int cma_init_locked(void)
 	ibv_free_device_list(list);
 	if (!cma_ctx)
 		return -1;
-	if (ibv_query_device(cma_ctx, &cma_dev_attr) ||
+	/* The device's PD, which an id with a device names (id->pd), as
+	 * librdmacm gives one: programs create QPs and MRs on it. */
+	cma_pd = ibv_alloc_pd(cma_ctx);
+	if (!cma_pd || ibv_query_device(cma_ctx, &cma_dev_attr) ||
 	    ibv_query_port(cma_ctx, 1, &pa))
 		goto fail;
 	cma_mtu = pa.active_mtu;
@@ -181,6 +184,9 @@ fail:
 	if (cma_wakefd >= 0)
 		close(cma_wakefd);
 	cma_epfd = cma_wakefd = -1;
+	if (cma_pd)
+		ibv_dealloc_pd(cma_pd);
+	cma_pd = NULL;
 	ibv_close_device(cma_ctx);
 	cma_ctx = NULL;
 	return cma_err(n);

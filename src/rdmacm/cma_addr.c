@@ -84,7 +84,7 @@ void cma_set_route(struct cma_id *cid, bool peer)
 	sa_to_gid(&a->dst_addr, &a->addr.ibaddr.dgid);
 	a->addr.ibaddr.pkey = htons(0xffff);
 	if (!sa_is_any(&a->src_addr)) {
-		cid->id.verbs = cma_ctx;
+		cma_set_device(&cid->id);
 		cid->id.port_num = 1;
 	}
 }
@@ -229,7 +229,7 @@ EXPORT int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src_addr,
 			memcpy(&id->route.addr.src_storage, &src, sa_len((struct sockaddr *)&src));
 			((struct sockaddr_in *)&id->route.addr.src_storage)->sin_port = port;
 			sa_to_gid(&id->route.addr.src_addr, &id->route.addr.addr.ibaddr.sgid);
-			id->verbs = cma_ctx;
+			cma_set_device(id);
 		}
 		cid->state = CS_ADDR_RESOLVED;
 		cma_post(cid, RDMA_CM_EVENT_ADDR_RESOLVED, 0, NULL);

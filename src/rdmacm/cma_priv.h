@@ -142,6 +142,15 @@ extern int cma_epfd, cma_wakefd;
 extern struct ibv_context *cma_ctx;
 extern struct ibv_pd *cma_pd;
 extern struct ibv_device_attr cma_dev_attr;
+
+/* An id bound to the device: its context, and the device's PD unless the
+ * program gave one (rdma_create_qp). */
+static inline void cma_set_device(struct rdma_cm_id *id)
+{
+	id->verbs = cma_ctx;
+	if (!id->pd)
+		id->pd = cma_pd;
+}
 extern enum ibv_mtu cma_mtu;
 const struct verbs_ex_private *cma_link(void);
 void cma_release_held(void);

@@ -135,13 +135,6 @@ EXPORT int rdma_init_qp_attr(struct rdma_cm_id *id, struct ibv_qp_attr *qp_attr,
 	return ret;
 }
 
-static struct ibv_pd *cma_default_pd(void)
-{
-	if (!cma_pd)
-		cma_pd = ibv_alloc_pd(cma_ctx);
-	return cma_pd;
-}
-
 static void cma_free_cqs(struct cma_id *cid)
 {
 	struct rdma_cm_id *id = &cid->id;
@@ -216,7 +209,7 @@ EXPORT int rdma_create_qp_ex(struct rdma_cm_id *id,
 	cid = to_cid(id);
 	pthread_mutex_lock(&cma_lock);
 	if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd) {
-		attr->pd = id->pd ? id->pd : id->verbs ? cma_default_pd() : NULL;
+		attr->pd = id->pd ? id->pd : id->verbs ? cma_pd : NULL;
 		attr->comp_mask |= IBV_QP_INIT_ATTR_PD;
 	}
 	if (!attr->pd || (id->verbs && attr->pd->context != id->verbs &&
@@ -299,7 +292,7 @@ EXPORT int rdma_create_srq_ex(struct rdma_cm_id *id,
 		return cma_err(EINVAL);
 	if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd) {
 		pthread_mutex_lock(&cma_lock);
-		attr->pd = id->pd ? id->pd : id->verbs ? cma_default_pd() : NULL;
+		attr->pd = id->pd ? id->pd : id->verbs ? cma_pd : NULL;
 		pthread_mutex_unlock(&cma_lock);
 		attr->comp_mask |= IBV_SRQ_INIT_ATTR_PD;
 	}

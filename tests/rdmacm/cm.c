@@ -144,6 +144,9 @@ static void client_resolve(struct end *c, uint16_t port)
 	expect_ack(c->ch, RDMA_CM_EVENT_ADDR_RESOLVED);
 	CHECK(c->id->verbs != NULL, "no id->verbs after ADDR_RESOLVED");
 	CHECK(c->id->port_num == 1, "id->port_num %u", c->id->port_num);
+	CHECK(c->id->pd && c->id->pd->context == c->id->verbs,
+	      "id->pd %p after ADDR_RESOLVED: librdmacm gives the device's PD",
+	      (void *)c->id->pd);
 	REQUIRE(rdma_resolve_route(c->id, 2000) == 0, "rdma_resolve_route: %s", strerror(errno));
 	expect_ack(c->ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
 	end_qp(c, c->id);
@@ -164,6 +167,8 @@ static void connect_pair(struct end *l, struct end *c, struct end *s)
 	CHECK(ev->listen_id == l->id, "listen_id %p, wanted %p", (void *)ev->listen_id,
 	      (void *)l->id);
 	CHECK(ev->id != l->id && ev->id->verbs, "the request's id is new and has a device");
+	CHECK(ev->id->pd && ev->id->pd->context == ev->id->verbs,
+	      "the request's id has no PD (id->pd %p)", (void *)ev->id->pd);
 	CHECK(ev->param.conn.private_data_len >= 6 &&
 	      !memcmp(ev->param.conn.private_data, "hello", 6), "REQ private data lost");
 	CHECK(ev->param.conn.initiator_depth == 1 && ev->param.conn.responder_resources == 1,
