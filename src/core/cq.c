@@ -21,6 +21,7 @@
 #include "core/urdma.h"
 #include "transport/transport.h"
 #include "util/alloc.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 struct ibv_comp_channel *urdma_create_comp_channel(struct ibv_context *context)
@@ -128,16 +129,16 @@ void urdma_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 	pthread_mutex_unlock(&cq->mutex);
 }
 
-struct ibv_cq *urdma_create_cq(struct ibv_context *context, int cqe,
-			       void *cq_context,
-			       struct ibv_comp_channel *channel,
-			       int comp_vector)
+/* A CQ of at least cqe entries; errno set on failure. */
+struct urdma_cq *urdma_cq_new(struct ibv_context *context, int cqe,
+			      struct ibv_comp_channel *channel,
+			      uint32_t comp_vector)
 {
 	struct urdma_context *uctx = to_uctx(context);
 	struct urdma_cq *cq;
 
-	if (cqe < 1 || cqe > URDMA_MAX_CQE || comp_vector < 0 ||
-	    comp_vector >= context->num_comp_vectors ||
+	if (cqe < 1 || cqe > URDMA_MAX_CQE ||
+	    comp_vector >= (uint32_t)context->num_comp_vectors ||
 	    (channel && channel->context != context)) {
 		errno = EINVAL;
 		return NULL;
@@ -155,12 +156,12 @@ struct ibv_cq *urdma_create_cq(struct ibv_context *context, int cqe,
 		return NULL;
 	}
 	pthread_mutex_init(&cq->lock, NULL);
+	pthread_mutex_init(&cq->ex_lock, NULL);
 	pthread_mutex_init(&cq->ibcq.mutex, NULL);
 	pthread_cond_init(&cq->ibcq.cond, NULL);
 	list_init(&cq->send_qps);
 	list_init(&cq->recv_qps);
 	cq->ibcq.context = context;
-	cq->ibcq.cq_context = cq_context;
 	cq->ibcq.channel = channel;
 	cq->ibcq.cqe = cq->size;
 	if (channel) {
@@ -170,6 +171,24 @@ struct ibv_cq *urdma_create_cq(struct ibv_context *context, int cqe,
 	pthread_mutex_lock(&uctx->lock);
 	list_add_tail(&cq->node, &uctx->cqs);
 	pthread_mutex_unlock(&uctx->lock);
+	return cq;
+}
+
+struct ibv_cq *urdma_create_cq(struct ibv_context *context, int cqe,
+			       void *cq_context,
+			       struct ibv_comp_channel *channel,
+			       int comp_vector)
+{
+	struct urdma_cq *cq;
+
+	if (comp_vector < 0) {
+		errno = EINVAL;
+		return NULL;
+	}
+	cq = urdma_cq_new(context, cqe, channel, comp_vector);
+	if (!cq)
+		return NULL;
+	cq->ibcq.cq_context = cq_context;
 	return &cq->ibcq;
 }
 
@@ -258,6 +277,7 @@ int urdma_destroy_cq(struct ibv_cq *ibcq)
 	}
 	urdma_free(cq->ring);
 	pthread_mutex_destroy(&cq->lock);
+	pthread_mutex_destroy(&cq->ex_lock);
 	urdma_free(cq);
 	return 0;
 }
@@ -289,6 +309,8 @@ void urdma_cq_push(struct urdma_cq *cq, const struct ibv_wc *wc,
 	e->wc = *wc;
 	e->qp = qp;
 	e->retire = retire;
+	if (cq->stamp)
+		e->ts = urdma_now_ns();
 	cq->tail++;
 	/* Local completions are never solicited receives; errors always
 	 * notify, as the spec asks. */
@@ -387,45 +409,55 @@ static int cq_take_pollers(struct urdma_cq *cq,
 	return n;
 }
 
-/* Completions ready on the CQ, at most num.  Under the CQ lock. */
-static int cq_take(struct urdma_cq *cq, int num, struct ibv_wc *wc)
+/* Completions ready on the CQ, at most num, with the time of each in ts
+ * if it is not NULL (a receive's: now, when it is taken from the ring a
+ * peer or the transport filled).  Under the CQ lock. */
+static int cq_take(struct urdma_cq *cq, int num, struct ibv_wc *wc,
+		   uint64_t *ts)
 {
 	struct urdma_qp *qp;
-	int n = 0;
+	int n = 0, local;
 
 	while (n < num && cq->head != cq->tail) {
 		struct urdma_cqe *e = &cq->ring[cq->head & (cq->size - 1)];
 
+		if (ts)
+			ts[n] = e->ts;
 		wc[n++] = e->wc;
 		if (e->retire)
 			atomic_fetch_add_explicit(&e->qp->sq_retired, e->retire,
 						  memory_order_release);
 		cq->head++;
 	}
+	local = n;
 	if (n < num)
 		list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
 			n += urdma_qp_harvest(qp, wc + n, num - n);
 			if (n == num)
 				break;
 		}
+	if (ts && n > local) {
+		uint64_t now = urdma_now_ns();
+
+		for (int i = local; i < n; i++)
+			ts[i] = now;
+	}
 	return n;
 }
 
-int urdma_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
+int urdma_cq_poll(struct urdma_cq *cq, int num, struct ibv_wc *wc,
+		  uint64_t *ts)
 {
-	struct urdma_cq *cq = to_ucq(ibcq);
 	const struct urdma_transport_ops *trs[CQ_POLLERS];
 	struct urdma_qp *qps[CQ_POLLERS];
 	int n, np = 0;
 
-	if (num < 0)
-		return -1;
 	if (atomic_load_explicit(&cq->sq_pending, memory_order_relaxed))
 		cq_progress_sends(cq);
 	/* What is ready goes first: the transports' receive paths (a system
 	 * call each over TCP) run only when it does not fill the request. */
 	pthread_mutex_lock(&cq->lock);
-	n = cq_take(cq, num, wc);
+	n = cq_take(cq, num, wc, ts);
 	if (n < num &&
 	    atomic_load_explicit(&cq->polled_qps, memory_order_relaxed))
 		np = cq_take_pollers(cq, trs, qps);
@@ -440,7 +472,14 @@ int urdma_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 		atomic_fetch_sub(&qps[i]->pollers, 1);
 	}
 	pthread_mutex_lock(&cq->lock);
-	n += cq_take(cq, num - n, wc + n);
+	n += cq_take(cq, num - n, wc + n, ts ? ts + n : NULL);
 	pthread_mutex_unlock(&cq->lock);
 	return n;
+}
+
+int urdma_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
+{
+	if (num < 0)
+		return -1;
+	return urdma_cq_poll(to_ucq(ibcq), num, wc, NULL);
 }

@@ -108,10 +108,14 @@ struct urdma_cqe {
 	struct ibv_wc wc;
 	struct urdma_qp *qp;
 	uint32_t retire; /* send WRs this completion retires */
+	uint64_t ts;     /* when pushed, if the CQ stamps (cq->stamp) */
 };
 
 struct urdma_cq {
-	struct ibv_cq ibcq;
+	union { /* ibv_cq_ex begins as ibv_cq does */
+		struct ibv_cq ibcq;
+		struct ibv_cq_ex ibcq_ex;
+	};
 	pthread_mutex_t lock;
 	struct urdma_cqe *ring;
 	uint32_t size; /* power of two */
@@ -124,6 +128,13 @@ struct urdma_cq {
 	struct urdma_channel *chan;
 	_Atomic int usecnt;
 	uint32_t events_reported; /* by ibv_get_cq_event, under ibcq.mutex */
+	/* ibv_create_cq_ex: the completion that ibv_start_poll/ibv_next_poll
+	 * took, read by the ibv_wc_read_* calls (cq_ex.c) */
+	bool stamp;      /* IBV_WC_EX_WITH_COMPLETION_TIMESTAMP(_WALLCLOCK) */
+	bool ex_locked;  /* start_poll..end_poll under ex_lock */
+	pthread_mutex_t ex_lock;
+	struct ibv_wc cur;
+	uint64_t cur_ts; /* CLOCK_MONOTONIC ns, the device's clock */
 };
 
 /* A send WR copied at post time. */
@@ -458,6 +469,18 @@ int urdma_query_device(struct ibv_context *c, struct ibv_device_attr *a);
 int urdma_query_port(struct ibv_context *c, uint8_t port,
 		     struct ibv_port_attr *a);
 int urdma_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+int urdma_cq_poll(struct urdma_cq *cq, int num, struct ibv_wc *wc,
+		  uint64_t *ts);
+struct urdma_cq *urdma_cq_new(struct ibv_context *context, int cqe,
+			      struct ibv_comp_channel *channel,
+			      uint32_t comp_vector);
+struct ibv_cq_ex *urdma_create_cq_ex(struct ibv_context *context,
+				     struct ibv_cq_init_attr_ex *attr);
+int urdma_query_rt_values(struct ibv_context *context,
+			  struct ibv_values_ex *values);
+int urdma_query_device_ex(struct ibv_context *context,
+			  const struct ibv_query_device_ex_input *input,
+			  struct ibv_device_attr_ex *attr, size_t attr_size);
 int urdma_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 int urdma_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 		    struct ibv_send_wr **bad);
