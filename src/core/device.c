@@ -255,6 +255,7 @@ struct ibv_context *urdma_open_device(struct ibv_device *dev)
 	uctx->vctx.query_device_ex = urdma_query_device_ex;
 	uctx->vctx.query_rt_values = urdma_query_rt_values;
 	uctx->vctx.create_cq_ex = urdma_create_cq_ex;
+	uctx->vctx.create_qp_ex = urdma_create_qp_ex;
 	uctx->vctx.priv = (struct verbs_ex_private *)&cm_link;
 	uctx->vctx.context.device = dev;
 	uctx->vctx.context.cmd_fd = -1;

@@ -268,6 +268,7 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	atomic_fetch_sub(&rcq->usecnt, 1);
 	atomic_fetch_sub(&to_upd(ibqp->pd)->usecnt, 1);
 	urdma_rq_destroy(qp);
+	urdma_qp_ex_free(qp);
 	urdma_free(qp->sq);
 	urdma_free(qp);
 	return 0;

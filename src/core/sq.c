@@ -458,73 +458,108 @@ static int check_send_wr(struct urdma_qp *qp, const struct ibv_send_wr *wr,
 	return 0;
 }
 
+/* May wr be posted, as the queued-th WR after those in the SQ?  Its length
+ * in *len.  Under sq_lock. */
+static int sq_admit(struct urdma_qp *qp, const struct ibv_send_wr *wr,
+		    uint32_t queued, uint32_t *len)
+{
+	enum ibv_qp_state st = qp->ibqp.state;
+	int ret;
+
+	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR)
+		return EINVAL;
+	ret = check_send_wr(qp, wr, len);
+	if (ret)
+		return ret;
+	if (qp->sq_tail + queued - atomic_load_explicit(&qp->sq_retired,
+							memory_order_acquire) >=
+	    qp->cap.max_send_wr)
+		return ENOMEM;
+	return 0;
+}
+
+/* Copy an admitted WR into the SQ's next slot.  Under sq_lock. */
+static void sq_put(struct urdma_qp *qp, const struct ibv_send_wr *wr,
+		   uint32_t len)
+{
+	struct urdma_swqe *w = sq_slot(qp, qp->sq_tail);
+
+	w->wr_id = wr->wr_id;
+	w->opcode = wr->opcode;
+	w->send_flags = wr->send_flags;
+	w->imm_data = wr->imm_data;
+	w->byte_len = len;
+	w->first_try_ns = 0;
+	w->rnr_tries = 0;
+	atomic_store_explicit(&w->done, 0, memory_order_relaxed);
+	if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+	    wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+		w->remote_addr = wr->wr.atomic.remote_addr;
+		w->rkey = wr->wr.atomic.rkey;
+		w->compare_add = wr->wr.atomic.compare_add;
+		w->swap = wr->wr.atomic.swap;
+	} else {
+		w->remote_addr = wr->wr.rdma.remote_addr;
+		w->rkey = wr->wr.rdma.rkey;
+	}
+	if (wr->send_flags & IBV_SEND_INLINE) {
+		uint8_t *p = (uint8_t *)&w->sge[qp->cap.max_send_sge];
+
+		for (int i = 0; i < wr->num_sge; i++) {
+			memcpy(p, (void *)(uintptr_t)wr->sg_list[i].addr,
+			       wr->sg_list[i].length);
+			p += wr->sg_list[i].length;
+		}
+		w->inline_len = len;
+		w->num_sge = 0;
+	} else {
+		w->inline_len = 0;
+		w->num_sge = wr->num_sge;
+		if (wr->num_sge) /* sg_list may be NULL then */
+			memcpy(w->sge, wr->sg_list,
+			       wr->num_sge * sizeof(struct ibv_sge));
+	}
+	qp->sq_tail++;
+}
+
 int urdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 		    struct ibv_send_wr **bad)
 {
 	struct urdma_qp *qp = to_uqp(ibqp);
+	uint32_t len;
 	int ret = 0;
 
 	pthread_mutex_lock(&qp->sq_lock);
 	for (; wr; wr = wr->next) {
-		enum ibv_qp_state st = ibqp->state;
-		struct urdma_swqe *w;
-		uint32_t len;
-
-		if (st == IBV_QPS_RESET || st == IBV_QPS_INIT ||
-		    st == IBV_QPS_RTR) {
-			ret = EINVAL;
-			break;
-		}
-		ret = check_send_wr(qp, wr, &len);
+		ret = sq_admit(qp, wr, 0, &len);
 		if (ret)
 			break;
-		if (qp->sq_tail - atomic_load_explicit(&qp->sq_retired,
-						       memory_order_acquire) >=
-		    qp->cap.max_send_wr) {
-			ret = ENOMEM;
-			break;
-		}
-		w = sq_slot(qp, qp->sq_tail);
-		w->wr_id = wr->wr_id;
-		w->opcode = wr->opcode;
-		w->send_flags = wr->send_flags;
-		w->imm_data = wr->imm_data;
-		w->byte_len = len;
-		w->first_try_ns = 0;
-		w->rnr_tries = 0;
-		atomic_store_explicit(&w->done, 0, memory_order_relaxed);
-		if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-		    wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-			w->remote_addr = wr->wr.atomic.remote_addr;
-			w->rkey = wr->wr.atomic.rkey;
-			w->compare_add = wr->wr.atomic.compare_add;
-			w->swap = wr->wr.atomic.swap;
-		} else {
-			w->remote_addr = wr->wr.rdma.remote_addr;
-			w->rkey = wr->wr.rdma.rkey;
-		}
-		if (wr->send_flags & IBV_SEND_INLINE) {
-			uint8_t *p = (uint8_t *)&w->sge[qp->cap.max_send_sge];
-
-			for (int i = 0; i < wr->num_sge; i++) {
-				memcpy(p, (void *)(uintptr_t)wr->sg_list[i].addr,
-				       wr->sg_list[i].length);
-				p += wr->sg_list[i].length;
-			}
-			w->inline_len = len;
-			w->num_sge = 0;
-		} else {
-			w->inline_len = 0;
-			w->num_sge = wr->num_sge;
-			if (wr->num_sge) /* sg_list may be NULL then */
-				memcpy(w->sge, wr->sg_list,
-				       wr->num_sge * sizeof(struct ibv_sge));
-		}
-		qp->sq_tail++;
+		sq_put(qp, wr, len);
 	}
 	if (ret)
 		*bad = wr;
 	urdma_sq_run(qp);
+	pthread_mutex_unlock(&qp->sq_lock);
+	return ret;
+}
+
+/* n WRs (an array, next ignored), all or none: the error of the first that
+ * may not be posted, and then nothing is (ibv_wr_complete). */
+int urdma_post_send_all(struct urdma_qp *qp, const struct ibv_send_wr *wr,
+			uint32_t n)
+{
+	uint32_t len;
+	int ret = 0;
+
+	pthread_mutex_lock(&qp->sq_lock);
+	for (uint32_t i = 0; i < n && !ret; i++)
+		ret = sq_admit(qp, &wr[i], i, &len);
+	for (uint32_t i = 0; i < n && !ret; i++) {
+		check_send_wr(qp, &wr[i], &len);
+		sq_put(qp, &wr[i], len);
+	}
+	if (!ret)
+		urdma_sq_run(qp);
 	pthread_mutex_unlock(&qp->sq_lock);
 	return ret;
 }

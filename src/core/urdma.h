@@ -175,8 +175,14 @@ struct urdma_rq_wr {
 	uint64_t len;
 };
 
+struct urdma_wr_batch;
+
 struct urdma_qp {
-	struct ibv_qp ibqp;
+	union { /* ibv_qp_ex begins with an ibv_qp */
+		struct ibv_qp ibqp;
+		struct ibv_qp_ex ibqp_ex;
+	};
+	struct urdma_wr_batch *wrb; /* the wr_ calls' WRs (qp_ex.c), or NULL */
 	struct urdma_context *uctx;
 	struct list_head ctx_node, scq_node, rcq_node;
 	struct ibv_qp_attr attr; /* as last set */
@@ -482,6 +488,15 @@ int urdma_query_device_ex(struct ibv_context *context,
 			  const struct ibv_query_device_ex_input *input,
 			  struct ibv_device_attr_ex *attr, size_t attr_size);
 int urdma_req_notify_cq(struct ibv_cq *cq, int solicited_only);
+int urdma_post_send_all(struct urdma_qp *qp, const struct ibv_send_wr *wr,
+			uint32_t n);
+struct ibv_qp *urdma_create_qp(struct ibv_pd *pd,
+			       struct ibv_qp_init_attr *init);
+int urdma_destroy_qp(struct ibv_qp *qp);
+struct ibv_qp *urdma_create_qp_ex(struct ibv_context *context,
+				  struct ibv_qp_init_attr_ex *attr);
+struct ibv_qp_ex *urdma_qp_to_qp_ex(struct ibv_qp *qp);
+void urdma_qp_ex_free(struct urdma_qp *qp);
 int urdma_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 		    struct ibv_send_wr **bad);
 int urdma_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,

@@ -44,6 +44,7 @@ int urdma_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask);
 int urdma_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask,
 		   struct ibv_qp_init_attr *init);
 int urdma_destroy_qp(struct ibv_qp *qp);
+struct ibv_qp_ex *urdma_qp_to_qp_ex(struct ibv_qp *qp);
 
 /* The sysfs-flavoured GID type of the PRIVATE ibv_query_gid_type. */
 enum urdma_gid_type_sysfs { URDMA_GID_SYSFS_IB_ROCE_V1, URDMA_GID_SYSFS_ROCE_V2 };
@@ -286,10 +287,10 @@ int ibv_destroy_qp(struct ibv_qp *qp)
 	return urdma_destroy_qp(qp);
 }
 
-/* Our QPs are never created with send ops flags, so none is extended. */
+/* NULL unless the QP was created with send ops flags (ibv_create_qp_ex). */
 struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
 {
-	return NULL;
+	return urdma_qp_to_qp_ex(qp);
 }
 
 int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op,
