@@ -445,6 +445,38 @@ static int cq_take(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 	return n;
 }
 
+/* Take what the SRQs of the CQ's receive QPs hold into their CQs (at
+ * most CQ_POLLERS SRQs a call).  Outside cq->lock: urdma_srq_drain takes
+ * CQ locks inside its own. */
+static void cq_drain_srqs(struct urdma_cq *cq)
+{
+	struct urdma_srq *srqs[CQ_POLLERS];
+	struct urdma_qp *qp;
+	int n = 0;
+
+	pthread_mutex_lock(&cq->lock);
+	list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
+		int i;
+
+		if (!qp->srq)
+			continue;
+		for (i = 0; i < n && srqs[i] != qp->srq; i++)
+			;
+		if (i < n)
+			continue;
+		/* Counted under cq->lock: urdma_destroy_srq waits for us. */
+		atomic_fetch_add(&qp->srq->drainers, 1);
+		srqs[n++] = qp->srq;
+		if (n == CQ_POLLERS)
+			break;
+	}
+	pthread_mutex_unlock(&cq->lock);
+	for (int i = 0; i < n; i++) {
+		urdma_srq_drain(srqs[i]);
+		atomic_fetch_sub(&srqs[i]->drainers, 1);
+	}
+}
+
 int urdma_cq_poll(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 		  uint64_t *ts)
 {
@@ -454,6 +486,8 @@ int urdma_cq_poll(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 
 	if (atomic_load_explicit(&cq->sq_pending, memory_order_relaxed))
 		cq_progress_sends(cq);
+	if (atomic_load_explicit(&cq->srq_qps, memory_order_relaxed))
+		cq_drain_srqs(cq);
 	/* What is ready goes first: the transports' receive paths (a system
 	 * call each over TCP) run only when it does not fill the request. */
 	pthread_mutex_lock(&cq->lock);

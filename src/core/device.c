@@ -145,13 +145,6 @@ static void *compat_unsupported(void)
 	return NULL;
 }
 
-static int post_srq_recv_unsupported(struct ibv_srq *srq,
-				     struct ibv_recv_wr *wr,
-				     struct ibv_recv_wr **bad)
-{
-	*bad = wr;
-	return EOPNOTSUPP;
-}
 
 static struct ibv_mw *alloc_mw_unsupported(struct ibv_pd *pd,
 					   enum ibv_mw_type type)
@@ -212,7 +205,7 @@ static void set_ops(struct ibv_context_ops *o)
 	o->dealloc_mw = dealloc_mw_unsupported;
 	o->poll_cq = urdma_poll_cq;
 	o->req_notify_cq = urdma_req_notify_cq;
-	o->post_srq_recv = post_srq_recv_unsupported;
+	o->post_srq_recv = urdma_post_srq_recv;
 	o->post_send = urdma_post_send;
 	o->post_recv = urdma_post_recv;
 }
@@ -250,12 +243,14 @@ struct ibv_context *urdma_open_device(struct ibv_device *dev)
 	pthread_mutex_init(&uctx->ev_lock, NULL);
 	list_init(&uctx->qps);
 	list_init(&uctx->cqs);
+	list_init(&uctx->srqs);
 	uctx->vctx.sz = sizeof(struct verbs_context);
 	uctx->vctx.query_port = ctx_query_port;
 	uctx->vctx.query_device_ex = urdma_query_device_ex;
 	uctx->vctx.query_rt_values = urdma_query_rt_values;
 	uctx->vctx.create_cq_ex = urdma_create_cq_ex;
 	uctx->vctx.create_qp_ex = urdma_create_qp_ex;
+	uctx->vctx.create_srq_ex = urdma_create_srq_ex;
 	uctx->vctx.priv = (struct verbs_ex_private *)&cm_link;
 	uctx->vctx.context.device = dev;
 	uctx->vctx.context.cmd_fd = -1;
@@ -335,6 +330,9 @@ int urdma_query_device(struct ibv_context *c, struct ibv_device_attr *a)
 	a->max_qp_init_rd_atom = URDMA_MAX_RD_ATOM;
 	a->max_res_rd_atom = URDMA_MAX_RD_ATOM * URDMA_MAX_QP;
 	a->atomic_cap = IBV_ATOMIC_HCA;
+	a->max_srq = URDMA_MAX_SRQ;
+	a->max_srq_wr = URDMA_MAX_SRQ_WR;
+	a->max_srq_sge = URDMA_MAX_SGE;
 	a->max_pkeys = 1;
 	a->local_ca_ack_delay = 1;
 	a->phys_port_cnt = 1;

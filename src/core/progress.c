@@ -123,6 +123,7 @@ static void release_retired(void)
 static bool maintain_all(bool check_mrs)
 {
 	struct urdma_context *uctx;
+	struct urdma_srq *srq;
 	struct urdma_qp *qp;
 	bool pending = false;
 
@@ -135,6 +136,8 @@ static bool maintain_all(bool check_mrs)
 		list_for_each_entry(qp, &uctx->qps, ctx_node) {
 			pending |= urdma_qp_maintain(qp);
 		}
+		list_for_each_entry(srq, &uctx->srqs, ctx_node)
+			urdma_srq_maintain(srq);
 		pthread_mutex_unlock(&uctx->lock);
 		if (check_mrs)
 			urdma_mrs_check(uctx);

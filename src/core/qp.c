@@ -76,11 +76,16 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	uint32_t qpn;
 	int ret;
 
-	if (init->qp_type != IBV_QPT_RC || init->srq) {
-		urdma_dbg("only RC QPs without SRQ are supported");
+	if (init->qp_type != IBV_QPT_RC) {
+		urdma_dbg("only RC QPs are supported");
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
+	if (init->srq && init->srq->context != ibpd->context) {
+		errno = EINVAL;
+		return NULL;
+	}
+
 	if (!init->send_cq || !init->recv_cq ||
 	    init->send_cq->context != ibpd->context ||
 	    init->recv_cq->context != ibpd->context ||
@@ -120,9 +125,15 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 		ret = ENOMEM;
 		goto err_free;
 	}
+	/* On an SRQ the QP's own receive queue is not used: its ring keeps
+	 * one entry, and it reports none. */
+	if (init->srq)
+		cap.max_recv_wr = 0;
 	ret = -urdma_rq_init(qp, cap.max_recv_wr, cap.max_recv_sge);
 	if (ret)
 		goto err_free_sq;
+	if (init->srq)
+		qp->cap.max_recv_wr = qp->cap.max_recv_sge = 0;
 	ret = qp_number(qp, &qpn);
 	if (ret)
 		goto err_free_rq;
@@ -146,6 +157,9 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	qp->ibqp.pd = ibpd;
 	qp->ibqp.send_cq = init->send_cq;
 	qp->ibqp.recv_cq = init->recv_cq;
+	qp->ibqp.srq = init->srq;
+	if (init->srq)
+		urdma_srq_attach(to_usrq(init->srq), qp);
 	/* Unique in the process, unlike QPNs and addresses (core/cm_link.h). */
 	qp->ibqp.handle = atomic_fetch_add(&next_handle, 1);
 	qp->ibqp.qp_num = qpn;
@@ -168,7 +182,7 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	atomic_fetch_add(&scq->usecnt, 1);
 	atomic_fetch_add(&rcq->usecnt, 1);
 	atomic_fetch_add(&to_upd(ibpd)->usecnt, 1);
-	init->cap = cap;
+	init->cap = qp->cap;
 	if (qp->qpn_tr)
 		qp->qpn_tr->qpn_bind(qp);
 	urdma_dbg("qp %#x created (sq %u, rq %u)", qpn, qp->sq_size,
@@ -241,6 +255,7 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 
 	urdma_host_qp_unpublish(ibqp->qp_num);
 	atomic_store(&qp->shm->state, URDMA_SQPS_GONE);
+	urdma_srq_detach(qp);
 	if (!urdma_rq_quiesce(qp, RQ_WAIT_NS)) {
 		/* Its block is never reused: the deliverer may write on. */
 		urdma_warn("qp %#x: destroyed with a peer still inside its "

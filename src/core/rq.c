@@ -141,6 +141,9 @@ uint32_t urdma_rq_flush(struct urdma_qp *qp)
 		qp->rq_flush_wait = false;
 		atomic_store_explicit(&qp->rq_flushed, true,
 				      memory_order_release);
+		/* No deliverer is inside: it takes no more SRQ WRs. */
+		if (qp->srq)
+			urdma_srq_last_wqe(qp);
 	}
 	n = prod - qp->rq_flush_from;
 	pthread_mutex_unlock(&qp->rq_lock);
@@ -175,8 +178,8 @@ uint32_t urdma_rq_ready(struct urdma_qp *qp)
 
 /* One completion a deliverer wrote into e, checked: 0, or -1 if it can't
  * be (an unknown status or opcode, a Send longer than the receive). */
-static int rqe_take(const struct urdma_shm_rqe *e, const struct urdma_rq_wr *pw,
-		    struct ibv_wc *w)
+int urdma_rqe_take(const struct urdma_shm_rqe *e, uint64_t posted_len,
+		   struct ibv_wc *w)
 {
 	uint32_t status = READ_ONCE(e->status), opcode = READ_ONCE(e->opcode);
 	uint32_t len = READ_ONCE(e->byte_len), flags = READ_ONCE(e->wc_flags);
@@ -185,7 +188,7 @@ static int rqe_take(const struct urdma_shm_rqe *e, const struct urdma_rq_wr *pw,
 	    (opcode != IBV_WC_RECV && opcode != IBV_WC_RECV_RDMA_WITH_IMM) ||
 	    (flags & ~(unsigned)(IBV_WC_WITH_IMM | IBV_WC_WITH_INV)) ||
 	    (status == IBV_WC_SUCCESS && opcode == IBV_WC_RECV &&
-	     len > pw->len))
+	     len > posted_len))
 		return -1;
 	w->status = status;
 	w->opcode = opcode;
@@ -224,7 +227,7 @@ int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
 
 		memset(w, 0, sizeof(*w));
 		if ((flushed && (int32_t)(poll - qp->rq_flush_from) >= 0) ||
-		    rqe_take(urdma_rq_entry(qp, poll), pw, w)) {
+		    urdma_rqe_take(urdma_rq_entry(qp, poll), pw->len, w)) {
 			if (!flushed) {
 				rq_bad(qp, "a completion that can't be, at",
 				       poll, prod);
@@ -260,8 +263,8 @@ int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 		struct urdma_shm_rqe *e;
 		uint64_t len = 0;
 
-		if (ibqp->state == IBV_QPS_RESET) {
-			ret = EINVAL;
+		if (ibqp->state == IBV_QPS_RESET || qp->srq) {
+			ret = EINVAL; /* a QP on an SRQ receives from it */
 			break;
 		}
 		if ((uint32_t)wr->num_sge > qp->cap.max_recv_sge ||
@@ -275,7 +278,7 @@ int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 			break;
 		}
 		e = urdma_rq_entry(qp, prod);
-		e->wr_id = 0; /* ours alone: rq_wr */
+		/* the WR id is ours alone: rq_wr */
 		e->num_sge = wr->num_sge;
 		for (int i = 0; i < wr->num_sge; i++) {
 			e->sge[i].addr = wr->sg_list[i].addr;

@@ -130,7 +130,12 @@ struct urdma_shm_sge {
  * completions up to rq_done and frees slots by advancing its private index.
  */
 struct urdma_shm_rqe {
-	uint64_t wr_id;
+	/* In an SRQ's ring (struct urdma_shm_srq), the deliverer that
+	 * claimed the entry writes its pid and the QPN it receives for, and
+	 * publishes the completion by tag = the entry's index + 1.  The
+	 * owner keeps the WR id itself (in private memory). */
+	uint32_t srq_qpn;
+	_Atomic uint32_t srq_tag;
 	uint32_t num_sge;
 	uint32_t status;   /* enum ibv_wc_status */
 	uint32_t opcode;   /* enum ibv_wc_opcode */
@@ -138,7 +143,7 @@ struct urdma_shm_rqe {
 	uint32_t imm_data; /* network order, as in ibv_wc */
 	uint32_t wc_flags;
 	uint32_t src_qp;
-	uint32_t reserved;
+	uint32_t srq_pid;
 	struct urdma_shm_sge sge[];
 };
 static_assert(sizeof(struct urdma_shm_rqe) == 40, "rqe header");
@@ -169,7 +174,12 @@ struct urdma_shm_qp {
 	uint32_t rq_offset; /* sizeof(struct urdma_shm_qp) */
 	uint32_t max_dest_rd_atomic;
 	_Atomic uint32_t notify; /* URDMA_NOTIFY_*: owner's recv CQ is armed */
-	uint8_t reserved0[URDMA_CACHELINE - 64];
+	/* A QP on an SRQ: receives come from the SRQ's block, [srq_va,
+	 * srq_va + srq_bytes) of the same identity memfd (srq_bytes 0: none).
+	 * Its own ring then has one unused entry. */
+	alignas(URDMA_CACHELINE) uint64_t srq_va;
+	uint64_t srq_bytes;
+	uint32_t srqn;
 	/* Written by deliverers. */
 	alignas(URDMA_CACHELINE) _Atomic uint32_t error_req; /* please enter ERR */
 	_Atomic uint32_t rnr_waiter; /* wake the peer on the next post_recv */
@@ -181,6 +191,35 @@ struct urdma_shm_qp {
 	_Atomic uint32_t busy;
 	alignas(URDMA_CACHELINE) uint8_t rq[];
 };
-static_assert(sizeof(struct urdma_shm_qp) == 4 * URDMA_CACHELINE, "qp header");
+static_assert(sizeof(struct urdma_shm_qp) == 5 * URDMA_CACHELINE, "qp header");
+
+/*
+ * A shared receive queue's block.  The owner posts as into a QP's ring
+ * (entries, then prod); any deliverer, of any process and QP, claims the
+ * next entry by compare-and-swap on claim, fills it, and publishes it with
+ * its tag.  The owner takes completed entries in order (srq.c) into the
+ * CQ of the QP each names.
+ */
+struct urdma_shm_srq {
+	/* Written by the owner only. */
+	uint32_t magic;
+	uint32_t version;
+	uint32_t srqn;
+	uint32_t ctx_id;
+	uint32_t pd_id;
+	uint32_t rq_size; /* power of two */
+	uint32_t rq_stride;
+	uint32_t rq_max_sge;
+	uint32_t rq_offset;	/* sizeof(struct urdma_shm_srq) */
+	_Atomic uint32_t limit; /* armed srq_limit, 0: not armed */
+	/* Written by deliverers. */
+	alignas(URDMA_CACHELINE) _Atomic uint32_t claim;
+	_Atomic uint32_t rnr_waiter; /* wake the owner's peers on a post */
+	_Atomic uint32_t limit_hit;  /* fewer than limit left: tell the owner */
+	/* Producer index (owner). */
+	alignas(URDMA_CACHELINE) _Atomic uint32_t prod;
+	alignas(URDMA_CACHELINE) uint8_t rq[];
+};
+static_assert(sizeof(struct urdma_shm_srq) == 3 * URDMA_CACHELINE, "srq header");
 
 #endif

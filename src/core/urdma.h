@@ -27,6 +27,8 @@
 #define URDMA_MAX_QP_WR 16384
 #define URDMA_MAX_SGE 32
 #define URDMA_MAX_CQE (1 << 20)
+#define URDMA_MAX_SRQ 65536
+#define URDMA_MAX_SRQ_WR 16384
 #define URDMA_MAX_INLINE 1024
 #define URDMA_MAX_RD_ATOM 16
 #define URDMA_MAX_QP (1 << 16)
@@ -67,6 +69,7 @@ struct urdma_context {
 	struct list_head node; /* in the progress thread's list */
 	struct list_head qps;
 	struct list_head cqs;
+	struct list_head srqs;
 	uint32_t ctx_id;
 	struct urdma_shm_ctx *shm; /* our MR table, read-only to peers */
 	struct urdma_host_ctx *host; /* socket and peers (host.c) */
@@ -125,6 +128,7 @@ struct urdma_cq {
 	int armed; /* URDMA_NOTIFY_* */
 	_Atomic int sq_pending; /* a send QP has WRs waiting to be retried */
 	_Atomic int polled_qps; /* QPs whose transport receives in poll_cq */
+	_Atomic int srq_qps;	/* receive QPs on an SRQ */
 	struct urdma_channel *chan;
 	_Atomic int usecnt;
 	uint32_t events_reported; /* by ibv_get_cq_event, under ibcq.mutex */
@@ -175,6 +179,28 @@ struct urdma_rq_wr {
 	uint64_t len;
 };
 
+/* A shared receive queue (srq.c); its ring is shared like a QP's. */
+struct urdma_srq {
+	struct ibv_srq ibsrq;
+	struct urdma_context *uctx;
+	struct list_head ctx_node; /* in context.srqs */
+	pthread_mutex_t lock;	   /* posting, taking, qps */
+	struct list_head qps;	   /* QPs on it (qp->srq_node) */
+	struct urdma_shm_srq *shm;
+	size_t shm_size;
+	uint64_t va; /* of shm in the identity memfd */
+	struct urdma_rq_geo rq;
+	uint8_t *ring;
+	struct urdma_rq_wr *rq_wr; /* by slot */
+	uint32_t prod, poll;	   /* posted; next to take */
+	uint32_t limit;		   /* armed srq_limit, 0: none */
+	uint32_t srqn;
+	bool bad; /* a deliverer wrote nonsense: nothing more is taken */
+	uint32_t stuck_idx;
+	uint64_t stuck_ns;    /* since when poll has waited for its entry */
+	_Atomic int drainers; /* pollers using it without a lock */
+};
+
 struct urdma_wr_batch;
 
 struct urdma_qp {
@@ -183,6 +209,8 @@ struct urdma_qp {
 		struct ibv_qp_ex ibqp_ex;
 	};
 	struct urdma_wr_batch *wrb; /* the wr_ calls' WRs (qp_ex.c), or NULL */
+	struct urdma_srq *srq;	    /* receives from it (srq.c), or NULL */
+	struct list_head srq_node;
 	struct urdma_context *uctx;
 	struct list_head ctx_node, scq_node, rcq_node;
 	struct ibv_qp_attr attr; /* as last set */
@@ -225,6 +253,11 @@ struct urdma_qp {
 	struct urdma_shm_qp *peer_qp;
 	uint8_t *peer_ring;
 	struct urdma_rq_geo peer_rq;
+	/* the peer QP's SRQ, if it has one (checked, copied at attach) */
+	struct urdma_shm_srq *peer_srq;
+	uint8_t *peer_srq_ring;
+	struct urdma_rq_geo peer_srq_rq;
+	uint32_t peer_srq_pd;
 	uint64_t peer_va, peer_size; /* from its record */
 	uint32_t peer_ctx;
 	bool peer_stale; /* look for the record again */
@@ -249,6 +282,10 @@ static inline struct urdma_mr *to_umr(struct ibv_mr *m)
 static inline struct urdma_cq *to_ucq(struct ibv_cq *c)
 {
 	return container_of(c, struct urdma_cq, ibcq);
+}
+static inline struct urdma_srq *to_usrq(struct ibv_srq *s)
+{
+	return container_of(s, struct urdma_srq, ibsrq);
 }
 static inline struct urdma_qp *to_uqp(struct ibv_qp *q)
 {
@@ -418,6 +455,23 @@ bool urdma_qp_maintain(struct urdma_qp *qp);
 int urdma_rq_init(struct urdma_qp *qp, uint32_t max_wr, uint32_t max_sge);
 void urdma_rq_destroy(struct urdma_qp *qp);
 int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max);
+int urdma_rqe_take(const struct urdma_shm_rqe *e, uint64_t posted_len,
+		   struct ibv_wc *w);
+/* srq.c */
+struct ibv_srq *urdma_create_srq(struct ibv_pd *pd,
+				 struct ibv_srq_init_attr *init);
+struct ibv_srq *urdma_create_srq_ex(struct ibv_context *context,
+				    struct ibv_srq_init_attr_ex *attr);
+int urdma_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int mask);
+int urdma_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr);
+int urdma_destroy_srq(struct ibv_srq *srq);
+int urdma_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
+			struct ibv_recv_wr **bad);
+void urdma_srq_drain(struct urdma_srq *srq);
+void urdma_srq_maintain(struct urdma_srq *srq);
+void urdma_srq_attach(struct urdma_srq *srq, struct urdma_qp *qp);
+void urdma_srq_detach(struct urdma_qp *qp);
+void urdma_srq_last_wqe(struct urdma_qp *qp);
 bool urdma_rq_quiesce(struct urdma_qp *qp, uint64_t wait_ns);
 uint32_t urdma_rq_flush(struct urdma_qp *qp);
 void urdma_rq_reset(struct urdma_qp *qp);

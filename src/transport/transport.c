@@ -15,6 +15,7 @@
  */
 #include <errno.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -269,6 +270,99 @@ int urdma_shm_qp_check(const struct urdma_shm_qp *h, uint64_t bytes,
 	*g = (struct urdma_rq_geo){ .size = size, .stride = stride,
 				    .max_sge = max_sge };
 	return 0;
+}
+
+int urdma_shm_srq_check(const struct urdma_shm_srq *h, uint64_t bytes,
+			const struct urdma_shm_qp *q, uint32_t ctx_id,
+			struct urdma_rq_geo *g, uint32_t *pd_id)
+{
+	uint32_t size, stride, max_sge, off;
+
+	if (bytes < sizeof(*h) || READ_ONCE(h->magic) != URDMA_SHM_MAGIC ||
+	    READ_ONCE(h->version) != URDMA_SHM_VERSION ||
+	    READ_ONCE(h->srqn) != READ_ONCE(q->srqn) ||
+	    READ_ONCE(h->ctx_id) != ctx_id)
+		return -EINVAL;
+	size = READ_ONCE(h->rq_size);
+	stride = READ_ONCE(h->rq_stride);
+	max_sge = READ_ONCE(h->rq_max_sge);
+	off = READ_ONCE(h->rq_offset);
+	if (!size || (size & (size - 1)) || size > URDMA_MAX_SRQ_WR ||
+	    !max_sge || max_sge > URDMA_MAX_SGE ||
+	    stride != urdma_rq_stride(max_sge) || off != sizeof(*h) ||
+	    (uint64_t)size * stride > bytes - off)
+		return -EINVAL;
+	*g = (struct urdma_rq_geo){ .size = size, .stride = stride,
+				    .max_sge = max_sge };
+	*pd_id = READ_ONCE(h->pd_id);
+	return 0;
+}
+
+/* Our pid without a system call per message (getpid makes one); a
+ * fork's child looks again. */
+static uint32_t self_pid;
+
+static void self_pid_forget(void)
+{
+	self_pid = 0;
+}
+
+static void self_pid_watch(void)
+{
+	pthread_atfork(NULL, NULL, self_pid_forget);
+}
+
+static uint32_t my_pid(void)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+	if (!self_pid) {
+		pthread_once(&once, self_pid_watch);
+		self_pid = (uint32_t)getpid();
+	}
+	return self_pid;
+}
+
+int urdma_srq_claim(struct urdma_shm_srq *s, uint8_t *ring,
+		    const struct urdma_rq_geo *g, uint32_t *idx, bool *wake)
+{
+	uint32_t c = atomic_load_explicit(&s->claim, memory_order_relaxed);
+	uint32_t p, lim;
+	bool looked = false;
+
+	for (;;) {
+		p = atomic_load_explicit(&s->prod, memory_order_acquire);
+		if (p - c > g->size)
+			return -EINVAL; /* indices no owner writes */
+		if (c == p) {
+			if (looked)
+				return -EAGAIN;
+			/* RNR: ask for a wake-up, then look once more. */
+			atomic_store(&s->rnr_waiter, 1);
+			atomic_thread_fence(memory_order_seq_cst);
+			looked = true;
+			c = atomic_load_explicit(&s->claim,
+						 memory_order_relaxed);
+			continue;
+		}
+		if (atomic_compare_exchange_weak_explicit(
+			    &s->claim, &c, c + 1, memory_order_acquire,
+			    memory_order_relaxed))
+			break;
+	}
+	urdma_rqe_at(ring, g, c)->srq_pid = my_pid();
+	*idx = c;
+	lim = atomic_load_explicit(&s->limit, memory_order_relaxed);
+	*wake = lim && p - (c + 1) < lim &&
+		!atomic_load_explicit(&s->limit_hit, memory_order_relaxed) &&
+		!atomic_exchange(&s->limit_hit, 1);
+	return 0;
+}
+
+void urdma_srq_publish(struct urdma_shm_rqe *e, uint32_t idx, uint32_t qpn)
+{
+	e->srq_qpn = qpn;
+	atomic_store_explicit(&e->srq_tag, idx + 1, memory_order_release);
 }
 
 bool urdma_rq_notify_claim(struct urdma_shm_qp *t, bool solicited)

@@ -107,6 +107,19 @@ int urdma_rqe_spans(const struct urdma_shm_ctx *ctx, uint32_t pd_id,
  * geometry is copied to *g.  0 or -EINVAL. */
 int urdma_shm_qp_check(const struct urdma_shm_qp *h, uint64_t bytes,
 		       uint32_t qpn, uint32_t ctx_id, struct urdma_rq_geo *g);
+/* Check the SRQ block h of `bytes` bytes that QP block q names, of context
+ * ctx_id; its geometry to *g, its PD to *pd_id.  0 or -EINVAL. */
+int urdma_shm_srq_check(const struct urdma_shm_srq *h, uint64_t bytes,
+			const struct urdma_shm_qp *q, uint32_t ctx_id,
+			struct urdma_rq_geo *g, uint32_t *pd_id);
+/* Claim the next receive WR of SRQ s (of `size` entries) into *idx and
+ * write our pid into it: 0; -EAGAIN if none is posted (rnr_waiter is set
+ * and it was looked at again); -EINVAL if the indices can't be.  *wake is
+ * set when the owner is to be woken (its armed limit was crossed). */
+int urdma_srq_claim(struct urdma_shm_srq *s, uint8_t *ring,
+		    const struct urdma_rq_geo *g, uint32_t *idx, bool *wake);
+/* Publish claimed entry idx, its completion written, for QP qpn. */
+void urdma_srq_publish(struct urdma_shm_rqe *e, uint32_t idx, uint32_t qpn);
 /* A receive of t completed: true if it fires the armed recv CQ of t's
  * owner (the arm is consumed). */
 bool urdma_rq_notify_claim(struct urdma_shm_qp *t, bool solicited);

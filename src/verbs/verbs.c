@@ -45,6 +45,11 @@ int urdma_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask,
 		   struct ibv_qp_init_attr *init);
 int urdma_destroy_qp(struct ibv_qp *qp);
 struct ibv_qp_ex *urdma_qp_to_qp_ex(struct ibv_qp *qp);
+struct ibv_srq *urdma_create_srq(struct ibv_pd *pd,
+				 struct ibv_srq_init_attr *init);
+int urdma_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int mask);
+int urdma_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr);
+int urdma_destroy_srq(struct ibv_srq *srq);
 
 /* The sysfs-flavoured GID type of the PRIVATE ibv_query_gid_type. */
 enum urdma_gid_type_sysfs { URDMA_GID_SYSFS_IB_ROCE_V1, URDMA_GID_SYSFS_ROCE_V2 };
@@ -299,30 +304,29 @@ int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op,
 	return 0; /* no in-order placement guarantee beyond the verbs rules */
 }
 
-/* ---- what urdma does not implement: the documented errors ---- */
-
 struct ibv_srq *ibv_create_srq(struct ibv_pd *pd,
 			       struct ibv_srq_init_attr *srq_init_attr)
 {
-	errno = EOPNOTSUPP;
-	return NULL;
+	return urdma_create_srq(pd, srq_init_attr);
 }
 
 int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr,
 		   int srq_attr_mask)
 {
-	return EOPNOTSUPP;
+	return urdma_modify_srq(srq, srq_attr, srq_attr_mask);
 }
 
 int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr)
 {
-	return EOPNOTSUPP;
+	return urdma_query_srq(srq, srq_attr);
 }
 
 int ibv_destroy_srq(struct ibv_srq *srq)
 {
-	return EOPNOTSUPP;
+	return urdma_destroy_srq(srq);
 }
+
+/* ---- what urdma does not implement: the documented errors ---- */
 
 /* Address handles serve UD QPs, which urdma does not have yet. */
 struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)

@@ -318,7 +318,8 @@ show_perftest_table() {
 # once with 1 MiB messages (-b: each side's sends wait for the other side to
 # read), and the send and read tests sleeping on CQ events (-e; one channel
 # for both CQs in Debian's perftest: a receive's event must not come before
-# the event of the send it answers), as run_cases cases in PERFTEST_CASES.
+# the event of the send it answers), and the send tests receiving through an
+# SRQ (--use-srq), as run_cases cases in PERFTEST_CASES.
 # -F: don't fail on differing per-core "cpu MHz" (VMs).
 perftest_cases() {
     local t v
@@ -326,8 +327,8 @@ perftest_cases() {
     for t in ib_send_lat ib_send_bw ib_write_lat ib_write_bw ib_read_lat ib_read_bw; do
         need_cmd "$t" perftest
         for v in "defaults|" "all sizes|-a -n 100" "both ways, 1 MiB|-b -s 1048576 -n 500" \
-                "CQ events|-e -n 2000"; do
-            case $t,$v in *_lat,both* | ib_write_*,CQ*) continue ;; esac
+                "CQ events|-e -n 2000" "SRQ|--use-srq"; do
+            case $t,$v in *_lat,both* | ib_write_*,CQ* | ib_write_*,SRQ* | ib_read_*,SRQ*) continue ;; esac
             PERFTEST_CASES+=("$t (${v%%|*})|$t -d $1 -F ${v#*|}")
         done
     done

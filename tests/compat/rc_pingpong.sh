@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 # Debian's ibv_rc_pingpong on urdma, server and client as two processes on
 # loopback: default, -e -n 20000 (CQ events; long enough to hit a lost wake-up), -s 1/4096/64 KiB/1 MiB, -n 10000, -c
-# (data check); each without a GID (LID addressing) and with -g <index of the
+# (data check), and ibv_srq_pingpong (16 QPs on one SRQ; -e; 64 QPs);
+# each without a GID (LID addressing) and with -g <index of the
 # IPv4-mapped ::ffff:127.0.0.1 GID> (RoCE v2 addressing).
 # Usage: rc_pingpong.sh BUILD_DIR     (exit 0 pass, 1 fail, 77 skip)
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -42,6 +43,9 @@ for gid in "" "-g $GID_IDX"; do
         "size65536|ibv_rc_pingpong -s 65536 -n 500" \
         "size1048576|ibv_rc_pingpong -s 1048576 -n 100" \
         "iters10000|ibv_rc_pingpong -n 10000" \
-        "chk|ibv_rc_pingpong -c"
+        "chk|ibv_rc_pingpong -c" \
+        "srq|ibv_srq_pingpong" \
+        "srq events|ibv_srq_pingpong -e -n 5000" \
+        "srq 64 QPs|ibv_srq_pingpong -q 64 -r 200 -n 2000"
 done
 finish

@@ -400,7 +400,7 @@ static void bogus_completion(struct t_peer *p, void *arg)
 		e->status = IBV_WC_SUCCESS;
 		e->opcode = IBV_WC_RECV;
 		e->byte_len = 1 << 20; /* the receive holds 64 */
-		e->wr_id = 0xdead;
+		e->srq_qpn = 0xdead; /* an SRQ field: meaningless here */
 		atomic_store(&s.q->rq_done, 1);
 		count_recvs(&s.v, 2, &ok, &bad, &fl);
 		CHECK(ok == 0 && fl == 2, "%d ok, %d errors, %d flushed", ok, bad, fl);
@@ -821,6 +821,199 @@ static void lock_taker(struct t_peer *p, void *arg)
 	free(res);
 }
 
+/* ---- an SRQ's ring, written by a hostile or dying peer ---- */
+
+/* One process: QP a on an SRQ with WRs 1 and 2 posted (64 bytes each), QP b
+ * (its own receive queue) connected to it, sending. */
+struct srq_scene {
+	struct t_res r;
+	struct ibv_srq *srq;
+	struct ibv_qp *a, *b;
+	uint8_t *buf;
+	struct ibv_mr *mr;
+};
+
+static void srq_scene_open(struct srq_scene *s)
+{
+	struct t_opts o = t_opts_default();
+	struct t_conn ca, cb;
+
+	o.create_qp = false;
+	o.separate_cqs = true;
+	t_res_open(&s->r, &o);
+	struct ibv_srq_init_attr sa = {.attr = {.max_wr = 4, .max_sge = 1}};
+	s->srq = ibv_create_srq(s->r.pd, &sa);
+	REQUIRE(s->srq, "ibv_create_srq: %s", strerror(errno));
+	s->buf = t_alloc(BUF);
+	s->mr = t_reg(&s->r, s->buf, BUF, IBV_ACCESS_LOCAL_WRITE);
+	for (uint64_t id = 1; id <= 2; id++) {
+		struct ibv_sge sge = {(uintptr_t)s->buf + id * 64, 64, s->mr->lkey};
+		struct ibv_recv_wr wr = {.wr_id = id, .sg_list = &sge, .num_sge = 1}, *bad;
+		REQUIRE(ibv_post_srq_recv(s->srq, &wr, &bad) == 0, "ibv_post_srq_recv");
+	}
+	struct ibv_qp_init_attr qa = {.send_cq = s->r.send_cq, .recv_cq = s->r.recv_cq,
+				      .srq = s->srq, .qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = 4, .max_send_sge = 1}};
+	s->a = ibv_create_qp(s->r.pd, &qa);
+	qa.srq = NULL;
+	qa.cap.max_recv_wr = 1;
+	qa.cap.max_recv_sge = 1;
+	s->b = ibv_create_qp(s->r.pd, &qa);
+	REQUIRE(s->a && s->b, "ibv_create_qp: %s", strerror(errno));
+	s->r.qp = s->a;
+	t_conn_local(&s->r, NULL, &ca);
+	s->r.qp = s->b;
+	t_conn_local(&s->r, NULL, &cb);
+	t_connect(&s->r, &ca);
+	s->r.qp = s->a;
+	t_connect(&s->r, &cb);
+	s->r.qp = NULL;
+}
+
+static void srq_scene_close(struct srq_scene *s)
+{
+	CHECK(ibv_destroy_qp(s->a) == 0 && ibv_destroy_qp(s->b) == 0, "ibv_destroy_qp");
+	CHECK(ibv_destroy_srq(s->srq) == 0, "ibv_destroy_srq");
+	t_res_close(&s->r);
+	free(s->buf);
+}
+
+/* In a child process, map the SRQ of our QP qpn as a peer would and do
+ * act to it; the child exits (dies) right after. */
+static void srq_attack(uint32_t qpn, void (*act)(struct urdma_shm_srq *))
+{
+	pid_t pid = fork();
+
+	REQUIRE(pid >= 0, "fork");
+	if (!pid) {
+		size_t size;
+		int fds[2];
+		struct urdma_shm_qp *q = attack_map(qpn, &size, fds);
+		void *m = q ? mmap(NULL, q->srq_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+				   fds[1], (off_t)q->srq_va) : MAP_FAILED;
+
+		if (m == MAP_FAILED)
+			_exit(2);
+		act(m);
+		_exit(0);
+	}
+	int st;
+	REQUIRE(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+		"the attacking child failed (status %#x)", st);
+}
+
+static struct urdma_shm_rqe *srq_ring_entry(struct urdma_shm_srq *q, uint32_t idx)
+{
+	return (struct urdma_shm_rqe *)((uint8_t *)q + sizeof(*q) +
+					(size_t)(idx & (q->rq_size - 1)) * q->rq_stride);
+}
+
+/* b sends one 16-byte message; true if it completed. */
+static bool srq_send(struct srq_scene *s, char c)
+{
+	struct ibv_wc wc;
+
+	memset(s->buf, c, 16);
+	return t_post_send(s->b, (uint64_t)c, IBV_WR_SEND, s->buf, 16, s->mr->lkey,
+			   IBV_SEND_SIGNALED, 0, 0) == 0 &&
+	       t_poll(s->r.send_cq, &wc, 1, WAIT_MS) == 1 && wc.status == IBV_WC_SUCCESS;
+}
+
+/* A receive of a within ms: its wr_id, or 0 (none, or not a clean one). */
+static uint64_t srq_recv(struct srq_scene *s, int ms)
+{
+	struct ibv_wc wc;
+
+	if (t_poll(s->r.recv_cq, &wc, 1, ms) != 1)
+		return 0;
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.qp_num == s->a->qp_num && wc.byte_len == 16,
+	      "receive %llu: %s, qp %#x, %u bytes", (unsigned long long)wc.wr_id,
+	      ibv_wc_status_str(wc.status), wc.qp_num, wc.byte_len);
+	return wc.wr_id;
+}
+
+static void claim_and_die(struct urdma_shm_srq *q)
+{
+	uint32_t c = atomic_load(&q->claim);
+
+	if (atomic_compare_exchange_strong(&q->claim, &c, c + 1))
+		srq_ring_entry(q, c)->srq_pid = (uint32_t)getpid();
+}
+
+/* A peer claims WR 1 and dies before it publishes: after the bounded wait
+ * (2 s) the WR is posted again; nothing is lost, nothing made up. */
+static void srq_claimer_died(void *arg)
+{
+	struct srq_scene s;
+
+	srq_scene_open(&s);
+	srq_attack(s.a->qp_num, claim_and_die);
+	CHECK(srq_send(&s, 'x'), "a send after the claimer died");
+	uint64_t t0 = t_now_ms(), id = srq_recv(&s, WAIT_MS);
+	CHECK(id == 2, "the message took WR %llu, expected 2 (after %llu ms)",
+	      (unsigned long long)id, (unsigned long long)(t_now_ms() - t0));
+	CHECK(srq_send(&s, 'y'), "a second send");
+	id = srq_recv(&s, WAIT_MS);
+	CHECK(id == 1, "the WR the dead peer held was not posted again (got %llu)",
+	      (unsigned long long)id);
+	CHECK(srq_recv(&s, 200) == 0, "a completion made up");
+	srq_scene_close(&s);
+}
+
+static void claim_far(struct urdma_shm_srq *q)
+{
+	atomic_store(&q->claim, atomic_load(&q->prod) + 100);
+}
+
+/* The claim index past what was posted: IBV_EVENT_SRQ_ERR, no completion. */
+static void srq_claim_past_posted(void *arg)
+{
+	struct srq_scene s;
+	struct ibv_async_event ev;
+	struct pollfd pf;
+
+	srq_scene_open(&s);
+	srq_attack(s.a->qp_num, claim_far);
+	CHECK(srq_recv(&s, 300) == 0, "a completion made up from a scribbled claim index");
+	pf = (struct pollfd){.fd = s.r.ctx->async_fd, .events = POLLIN};
+	REQUIRE(poll(&pf, 1, WAIT_MS) == 1 && ibv_get_async_event(s.r.ctx, &ev) == 0,
+		"no async event");
+	CHECK(ev.event_type == IBV_EVENT_SRQ_ERR && ev.element.srq == s.srq,
+	      "event %s, expected SRQ_ERR", ibv_event_type_str(ev.event_type));
+	ibv_ack_async_event(&ev);
+	srq_scene_close(&s);
+}
+
+static void publish_for_nobody(struct urdma_shm_srq *q)
+{
+	uint32_t c = atomic_load(&q->claim);
+	struct urdma_shm_rqe *e = srq_ring_entry(q, c);
+
+	if (!atomic_compare_exchange_strong(&q->claim, &c, c + 1))
+		return;
+	e->status = IBV_WC_SUCCESS;
+	e->opcode = IBV_WC_RECV;
+	e->byte_len = 16;
+	e->srq_qpn = 0xdead;
+	atomic_store(&e->srq_tag, c + 1);
+}
+
+/* An entry published for a QP that is not on the SRQ: no completion; its
+ * WR goes back to the SRQ and the next messages take both. */
+static void srq_tag_for_no_qp(void *arg)
+{
+	struct srq_scene s;
+
+	srq_scene_open(&s);
+	srq_attack(s.a->qp_num, publish_for_nobody);
+	CHECK(srq_recv(&s, 200) == 0, "a completion for a QP that is not ours");
+	CHECK(srq_send(&s, 'x') && srq_send(&s, 'y'), "two sends");
+	uint64_t a = srq_recv(&s, WAIT_MS), b = srq_recv(&s, WAIT_MS);
+	CHECK(a == 2 && b == 1, "the messages took WRs %llu and %llu, expected 2 then 1",
+	      (unsigned long long)a, (unsigned long long)b);
+	srq_scene_close(&s);
+}
+
 int main(int argc, char **argv)
 {
 	setenv("URDMA_TRANSPORT", "shm", 1);
@@ -840,5 +1033,8 @@ int main(int argc, char **argv)
 	t_case("hello_five_fds", bad_hello, (void *)2);
 	t_case("hello_wrong_context", bad_hello, (void *)3);
 	t_case("planted_files", planted_files, NULL);
+	t_case("srq_claimer_died", srq_claimer_died, NULL);
+	t_case("srq_claim_past_posted", srq_claim_past_posted, NULL);
+	t_case("srq_tag_for_no_qp", srq_tag_for_no_qp, NULL);
 	return t_finish();
 }

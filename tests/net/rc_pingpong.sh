@@ -34,5 +34,7 @@ run_cases show_rc_rates \
     "size4096|ibv_rc_pingpong -s 4096" \
     "size65536|ibv_rc_pingpong -s 65536 -n 500" \
     "size1048576|ibv_rc_pingpong -s 1048576 -n 100" \
-    "events5000|ibv_rc_pingpong -e -n 5000"
+    "events5000|ibv_rc_pingpong -e -n 5000" \
+    "srq|ibv_srq_pingpong" \
+    "srq events|ibv_srq_pingpong -e -n 2000"
 finish

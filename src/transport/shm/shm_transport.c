@@ -25,6 +25,31 @@
 #define ATTACH_WAIT_MS 1000
 #define SHM_BLOCK_MAX (64ull << 20) /* an arena chunk (core/arena.c) */
 
+/* The SRQ the peer QP h receives from, if any: found in the same memfd,
+ * checked, its geometry copied.  0, or -EINVAL. */
+static int srq_attach(struct urdma_qp *qp, const struct urdma_shm_qp *h)
+{
+	uint64_t va = READ_ONCE(h->srq_va), bytes = READ_ONCE(h->srq_bytes);
+	struct urdma_shm_srq *s;
+	uint64_t avail;
+
+	qp->peer_srq = NULL;
+	qp->peer_srq_ring = NULL;
+	if (!bytes)
+		return 0;
+	if (bytes < sizeof(*s) || bytes > SHM_BLOCK_MAX || (va & 4095) ||
+	    va >> URDMA_VA_BITS)
+		return -EINVAL;
+	s = urdma_peer_ptr(qp->peer, va, &avail);
+	if (!s || avail < bytes ||
+	    urdma_shm_srq_check(s, bytes, h, qp->peer_ctx, &qp->peer_srq_rq,
+				&qp->peer_srq_pd))
+		return -EINVAL;
+	qp->peer_srq_ring = (uint8_t *)s + sizeof(*s);
+	qp->peer_srq = s;
+	return 0;
+}
+
 /* Find and check the peer QP: its record (of our own user's), its context
  * (connected, the hello taken), its shared block (checked, the geometry
  * copied).  0: attached; -EAGAIN: its context has not answered yet;
@@ -68,6 +93,9 @@ static int shm_attach(struct urdma_qp *qp, int wait_ms)
 		goto err;
 	ret = urdma_shm_qp_check(h, qp->peer_size, qpn, qp->peer_ctx,
 				 &qp->peer_rq);
+	if (ret)
+		goto err;
+	ret = srq_attach(qp, h);
 	if (ret)
 		goto err;
 	qp->peer_ring = (uint8_t *)h + sizeof(*h);
@@ -115,6 +143,8 @@ static void shm_disconnect(struct urdma_qp *qp)
 {
 	qp->peer_qp = NULL;
 	qp->peer_ring = NULL;
+	qp->peer_srq = NULL;
+	qp->peer_srq_ring = NULL;
 	qp->peer_stale = false;
 	urdma_peer_set(&qp->peer, NULL);
 }
@@ -160,6 +190,97 @@ static int remote_span(struct urdma_qp *qp, struct urdma_swqe *w,
 }
 
 /*
+ * deliver() into a responder on an SRQ: claim the SRQ's next receive WR,
+ * fill it, publish it for the responder QP.  Entered into the QP's ring
+ * (busy) and found ready; leaves it.
+ */
+static enum urdma_tx deliver_srq(struct urdma_qp *qp, struct urdma_swqe *w,
+				 const struct urdma_span *local, int nl,
+				 enum ibv_wc_status *status)
+{
+	struct urdma_shm_qp *t = qp->peer_qp;
+	struct urdma_span dst[URDMA_MAX_SGE + 1];
+	enum ibv_wc_status rx_status = IBV_WC_SUCCESS;
+	bool is_write = w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+	struct urdma_shm_rqe *e;
+	uint32_t idx;
+	uint64_t room = 0;
+	bool wake;
+	int nd = 0, ret;
+
+	/* A Write's rkey first: refused, it takes no receive WR. */
+	if (is_write) {
+		if (remote_span(qp, w, IBV_ACCESS_REMOTE_WRITE, w->byte_len,
+				&dst[0])) {
+			urdma_rq_idle(t);
+			*status = IBV_WC_REM_ACCESS_ERR;
+			responder_error(qp);
+			return URDMA_TX_DONE;
+		}
+		nd = 1;
+	}
+	ret = urdma_srq_claim(qp->peer_srq, qp->peer_srq_ring,
+			      &qp->peer_srq_rq, &idx, &wake);
+	if (ret == -EAGAIN) {
+		urdma_rq_idle(t);
+		return URDMA_TX_RNR;
+	}
+	if (ret) {
+		urdma_rq_idle(t);
+		urdma_warn("qp %#x: the SRQ of QP %#x is corrupt",
+			   qp->ibqp.qp_num, qp->attr.dest_qp_num);
+		*status = IBV_WC_REM_OP_ERR;
+		responder_error(qp);
+		return URDMA_TX_DONE;
+	}
+	if (wake)
+		urdma_peer_wake(qp->peer);
+	e = urdma_rqe_at(qp->peer_srq_ring, &qp->peer_srq_rq, idx);
+	if (!is_write) {
+		if (urdma_rqe_spans(urdma_peer_shm(qp->peer), qp->peer_srq_pd,
+				    qp->peer_srq_rq.max_sge, e, dst, &nd,
+				    &room)) {
+			rx_status = IBV_WC_LOC_PROT_ERR;
+			*status = IBV_WC_REM_OP_ERR;
+			goto out_error;
+		}
+		if (room < w->byte_len) {
+			rx_status = IBV_WC_LOC_LEN_ERR;
+			*status = IBV_WC_REM_INV_REQ_ERR;
+			goto out_error;
+		}
+	}
+	if (urdma_copy_spans(qp->peer, dst, nd, NULL, local, nl, w->byte_len)) {
+		rx_status = IBV_WC_WR_FLUSH_ERR;
+		*status = IBV_WC_LOC_PROT_ERR;
+		goto out_error;
+	}
+	e->status = IBV_WC_SUCCESS;
+	e->opcode = is_write ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+	e->byte_len = w->byte_len;
+	e->imm_data = w->imm_data;
+	e->wc_flags = w->opcode != IBV_WR_SEND ? IBV_WC_WITH_IMM : 0;
+	e->src_qp = qp->ibqp.qp_num;
+	urdma_srq_publish(e, idx, qp->attr.dest_qp_num);
+	urdma_rq_idle(t);
+	responder_notify(qp, w->send_flags & IBV_SEND_SOLICITED);
+	*status = IBV_WC_SUCCESS;
+	return URDMA_TX_DONE;
+
+out_error:
+	/* A claimed entry always completes: in error at the responder. */
+	e->status = rx_status;
+	e->opcode = IBV_WC_RECV;
+	e->byte_len = 0;
+	e->wc_flags = 0;
+	e->src_qp = qp->ibqp.qp_num;
+	urdma_srq_publish(e, idx, qp->attr.dest_qp_num);
+	urdma_rq_idle(t);
+	responder_error(qp);
+	return URDMA_TX_DONE;
+}
+
+/*
  * SEND, SEND_WITH_IMM and RDMA_WRITE_WITH_IMM: consume the responder's next
  * receive WR.  For the write, the data goes to the rkey's range first.
  */
@@ -186,6 +307,8 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 		urdma_rq_idle(t);
 		return URDMA_TX_NOT_READY;
 	}
+	if (qp->peer_srq)
+		return deliver_srq(qp, w, local, nl, status);
 	/* How far the owner posted: the last value read, until the ring
 	 * looks empty by it (a cached tail, as UCX's FIFO keeps: rq_prod's
 	 * line moves to the owner with each ibv_post_recv, and reading it per

@@ -123,6 +123,9 @@ struct tcp_conn {
 	size_t rlen;
 	uint32_t rx_msn[DDP_NUM_QN];
 	bool rcv_active; /* a Send is being placed into receive rcv_idx */
+	bool rcv_srq;	 /* ... of the QP's SRQ, whose entry rcv_e is */
+	uint32_t rx_recvs; /* receives completed (tcp_park.c looks) */
+	struct urdma_shm_rqe *rcv_e;
 	uint32_t rcv_idx;
 	int rcv_n;
 	struct urdma_span rcv_sp[URDMA_MAX_SGE];
@@ -283,6 +286,7 @@ void term_frame(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
 void tx_fin(struct tcp_conn *c);
 /* tcp_rx.c */
 bool unc_alloc(struct tcp_conn *c, struct urdma_qp *qp);
+void rcv_abandon(struct tcp_conn *c);
 struct tcp_unc *unc_push(struct tcp_conn *c, uint32_t wr_idx,
 				uint8_t kind, uint32_t msn);
 void unc_settle(struct tcp_conn *c, uint32_t f, enum ibv_wc_status st);

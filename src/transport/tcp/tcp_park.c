@@ -203,7 +203,7 @@ void tcp_poll(struct urdma_qp *qp)
 		return;
 	seen = c->rx_bytes;
 	writes = c->rx_writes;
-	recvs = c->qp ? atomic_load(&c->qp->shm->rq_done) : 0;
+	recvs = c->rx_recvs;
 	if (c->rlen || atomic_load(&c->stalled) || rx_ready(c))
 		rx_locked(c, HOLD_APP_NS);
 	/* Polls that find nothing, back to back (a poll loop, not one poll
@@ -233,7 +233,7 @@ void tcp_poll(struct urdma_qp *qp)
 		conn_park(c, true);
 	} else if (atomic_load(&c->parked) && !c->quiet_polls &&
 		   now >= c->spins_until &&
-		   (atomic_load(&c->qp->shm->rq_done) != recvs ||
+		   (c->rx_recvs != recvs ||
 		    c->rx_writes != writes)) {
 		uint8_t none = TXP_NONE;
 

@@ -288,30 +288,45 @@ static int remote_access(struct urdma_qp *qp, uint32_t stag, uint64_t to,
 				   access, sp);
 }
 
-/* Claim the next receive WR, with the ring entered.  false: none posted. */
+/* Claim the next receive WR (of the QP's ring or its SRQ's), with the
+ * QP's ring entered.  false: none posted. */
 static bool rcv_claim(struct tcp_conn *c)
 {
-	struct urdma_shm_qp *s = c->qp->shm;
-	uint32_t done = atomic_load(&s->rq_done);
+	struct urdma_qp *qp = c->qp;
+	struct urdma_srq *srq = qp->srq;
+	uint32_t done;
+	bool wake;
 
-	if (done == atomic_load_explicit(&c->qp->rq_prod, memory_order_acquire))
-		return false;
+	if (srq) {
+		if (urdma_srq_claim(srq->shm, srq->ring, &srq->rq, &done,
+				    &wake))
+			return false; /* none, or the SRQ is corrupt */
+		if (wake)
+			urdma_progress_kick();
+		c->rcv_e = urdma_rqe_at(srq->ring, &srq->rq, done);
+	} else {
+		done = atomic_load(&qp->shm->rq_done);
+		if (done == atomic_load_explicit(&qp->rq_prod,
+						 memory_order_acquire))
+			return false;
+		c->rcv_e = urdma_rq_entry(qp, done);
+	}
+	c->rcv_srq = srq;
 	c->rcv_idx = done;
 	c->rcv_got = 0;
 	return true;
 }
 
 /* Complete the claimed receive, with the ring entered (unless the owner
- * flushed it meanwhile). */
+ * flushed it meanwhile: an SRQ's entry is always completed). */
 static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
 			 enum ibv_wc_opcode op, uint64_t byte_len, bool imm,
 			 uint32_t imm_data)
 {
-	struct urdma_shm_qp *s = c->qp->shm;
-	struct urdma_shm_rqe *e = urdma_rq_entry(c->qp, c->rcv_idx);
+	struct urdma_shm_rqe *e = c->rcv_e;
 
 	c->rcv_active = false;
-	if (atomic_load(&s->rq_done) != c->rcv_idx)
+	if (!c->rcv_srq && atomic_load(&c->qp->shm->rq_done) != c->rcv_idx)
 		return;
 	e->status = st;
 	e->opcode = op;
@@ -319,8 +334,21 @@ static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
 	e->imm_data = imm_data;
 	e->wc_flags = imm ? IBV_WC_WITH_IMM : 0;
 	e->src_qp = c->peer_qpn;
-	atomic_store_explicit(&s->rq_done, c->rcv_idx + 1,
-			      memory_order_release);
+	c->rx_recvs++;
+	if (c->rcv_srq)
+		urdma_srq_publish(e, c->rcv_idx, c->local_qpn);
+	else
+		atomic_store_explicit(&c->qp->shm->rq_done, c->rcv_idx + 1,
+				      memory_order_release);
+}
+
+/* The QP stops receiving (error, disconnect) in the middle of a Send: an
+ * SRQ's entry it holds completes as flushed, or the SRQ would wait for it.
+ * (Its own ring's entries the owner flushes.)  Under rx_lock. */
+void rcv_abandon(struct tcp_conn *c)
+{
+	if (c->rcv_active && c->rcv_srq)
+		rcv_complete(c, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0, false, 0);
 }
 
 /* A Send segment: the first claims a receive WR, each is placed at its
@@ -341,10 +369,13 @@ static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
 			goto out;
 		}
 		c->rcv_active = true;
-		if (urdma_rqe_spans(qp->uctx->shm, to_upd(qp->ibqp.pd)->id,
-				    qp->rq.max_sge,
-				    urdma_rq_entry(qp, c->rcv_idx), c->rcv_sp,
-				    &c->rcv_n, &c->rcv_room)) {
+		struct urdma_srq *srq = qp->srq;
+
+		if (urdma_rqe_spans(qp->uctx->shm,
+				    to_upd(srq ? srq->ibsrq.pd : qp->ibqp.pd)->id,
+				    srq ? srq->rq.max_sge : qp->rq.max_sge,
+				    c->rcv_e, c->rcv_sp, &c->rcv_n,
+				    &c->rcv_room)) {
 			rcv_complete(c, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0,
 				     false, 0);
 			*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,

@@ -149,6 +149,7 @@ static void tcp_disconnect(struct urdma_qp *qp)
 		atomic_store(&c->closing, true);
 		rsp_send(c);
 		pthread_mutex_lock(&c->rx_lock);
+		rcv_abandon(c);
 		c->qp = NULL;
 		pthread_mutex_unlock(&c->rx_lock);
 		conn_bury(c);
@@ -423,6 +424,7 @@ bool tcp_maintain(struct urdma_qp *qp)
 		return false;
 	}
 	if (atomic_load(&qp->shm->state) == URDMA_SQPS_ERR) {
+		rcv_abandon(c);
 		if (!atomic_load(&c->dead)) {
 			/* The peer learns it from the stream's end: its
 			 * unconfirmed WRs fail as if our QP stopped answering.

@@ -1,0 +1,463 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Shared receive queues, owner side.  An SRQ's ring is a block of the
+ * identity memfd (struct urdma_shm_srq), as a QP's receive ring is; the
+ * QPs on it name it in their own block (srq_va), so a deliverer of any
+ * QP, in any process, finds it.  ibv_post_srq_recv writes entries and
+ * publishes prod; a deliverer claims the next entry by compare-and-swap on
+ * claim, fills it, writes the QPN it received for and publishes the entry
+ * with its tag (transport.c: urdma_srq_claim, urdma_srq_publish).  The
+ * owner takes published entries in ring order (urdma_srq_drain, from
+ * ibv_poll_cq on a CQ that one of the SRQ's QPs receives into) and pushes
+ * each, as a completion of the QP it names, into that QP's receive CQ.
+ *
+ * Nothing a deliverer writes is trusted: the claim index is checked
+ * against what was posted (else IBV_EVENT_SRQ_ERR and nothing more is
+ * taken), a tag that names a QP not on the SRQ (one destroyed since, or
+ * nonsense) gives the WR back to the SRQ, and a completion that can't be
+ * puts the QP it names in error.  An entry claimed by a process that died
+ * before it published (its pid gone, or none written after RQ_STUCK_NS)
+ * is given back too: a dead peer loses no receive WR of ours.  One that a
+ * live but stopped process holds keeps the entries behind it waiting.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/urdma.h"
+#include "transport/transport.h"
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/log.h"
+
+#define SRQ_STUCK_NS 2000000000ull
+
+static _Atomic uint32_t next_srqn = 1;
+
+static struct urdma_shm_rqe *srq_entry(struct urdma_srq *srq, uint32_t idx)
+{
+	return urdma_rqe_at(srq->ring, &srq->rq, idx);
+}
+
+static void srq_event(struct urdma_srq *srq, enum ibv_event_type type)
+{
+	struct ibv_async_event ev = { .element.srq = &srq->ibsrq,
+				      .event_type = type };
+
+	urdma_async_event(srq->uctx, &ev);
+}
+
+struct ibv_srq *urdma_create_srq(struct ibv_pd *ibpd,
+				 struct ibv_srq_init_attr *init)
+{
+	struct urdma_context *uctx = to_uctx(ibpd->context);
+	struct ibv_srq_attr *a = &init->attr;
+	struct urdma_srq *srq;
+	uint32_t size, max_sge;
+	uint64_t va;
+
+	if (!a->max_wr || a->max_wr > URDMA_MAX_SRQ_WR ||
+	    a->max_sge > URDMA_MAX_SGE || a->srq_limit > a->max_wr) {
+		errno = EINVAL;
+		return NULL;
+	}
+	srq = urdma_zalloc(sizeof(*srq));
+	if (!srq) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	size = roundup_pow2(a->max_wr);
+	max_sge = a->max_sge ? a->max_sge : 1;
+	srq->rq = (struct urdma_rq_geo){ .size = size, .max_sge = max_sge,
+					 .stride = urdma_rq_stride(max_sge) };
+	srq->shm_size = sizeof(struct urdma_shm_srq) + (size_t)size * srq->rq.stride;
+	srq->rq_wr = urdma_zalloc_array(size, sizeof(*srq->rq_wr));
+	srq->shm = srq->rq_wr ? urdma_arena_alloc(srq->shm_size, &va) : NULL;
+	if (!srq->shm) {
+		int e = srq->rq_wr ? errno : ENOMEM;
+
+		urdma_free(srq->rq_wr);
+		urdma_free(srq);
+		errno = e;
+		return NULL;
+	}
+	srq->va = va;
+	srq->ring = (uint8_t *)srq->shm + sizeof(struct urdma_shm_srq);
+	srq->uctx = uctx;
+	srq->srqn = atomic_fetch_add(&next_srqn, 1) & 0xffffff;
+	*srq->shm = (struct urdma_shm_srq){
+		.magic = URDMA_SHM_MAGIC,
+		.version = URDMA_SHM_VERSION,
+		.srqn = srq->srqn,
+		.ctx_id = uctx->ctx_id,
+		.pd_id = to_upd(ibpd)->id,
+		.rq_size = size,
+		.rq_stride = srq->rq.stride,
+		.rq_max_sge = max_sge,
+		.rq_offset = sizeof(struct urdma_shm_srq),
+		.limit = 0,
+	};
+	list_init(&srq->qps);
+	pthread_mutex_init(&srq->lock, NULL);
+	srq->ibsrq.context = ibpd->context;
+	srq->ibsrq.srq_context = init->srq_context;
+	srq->ibsrq.pd = ibpd;
+	pthread_mutex_init(&srq->ibsrq.mutex, NULL);
+	pthread_cond_init(&srq->ibsrq.cond, NULL);
+	if (a->srq_limit) {
+		srq->limit = a->srq_limit;
+		atomic_store(&srq->shm->limit, a->srq_limit);
+	}
+	a->max_wr = size;
+	a->max_sge = max_sge;
+	atomic_fetch_add(&to_upd(ibpd)->usecnt, 1);
+	pthread_mutex_lock(&uctx->lock);
+	list_add_tail(&srq->ctx_node, &uctx->srqs);
+	pthread_mutex_unlock(&uctx->lock);
+	return &srq->ibsrq;
+}
+
+struct ibv_srq *urdma_create_srq_ex(struct ibv_context *context,
+				    struct ibv_srq_init_attr_ex *ax)
+{
+	struct ibv_srq_init_attr init = { .srq_context = ax->srq_context,
+					  .attr = ax->attr };
+	struct ibv_srq *srq;
+
+	if ((ax->comp_mask & ~(uint32_t)(IBV_SRQ_INIT_ATTR_TYPE |
+					  IBV_SRQ_INIT_ATTR_PD |
+					  IBV_SRQ_INIT_ATTR_XRCD |
+					  IBV_SRQ_INIT_ATTR_CQ |
+					  IBV_SRQ_INIT_ATTR_TM)) ||
+	    !(ax->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !ax->pd ||
+	    ax->pd->context != context) {
+		errno = EINVAL;
+		return NULL;
+	}
+	/* XRC and tag matching SRQs are not implemented. */
+	if (((ax->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) &&
+	     ax->srq_type != IBV_SRQT_BASIC) ||
+	    (ax->comp_mask & (IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_TM))) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	srq = urdma_create_srq(ax->pd, &init);
+	if (srq)
+		ax->attr = init.attr;
+	return srq;
+}
+
+int urdma_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr,
+		     int mask)
+{
+	struct urdma_srq *srq = to_usrq(ibsrq);
+	int ret = 0;
+
+	/* Resizing a ring that deliverers have mapped is not supported (no
+	 * IBV_DEVICE_SRQ_RESIZE), as on mlx5. */
+	if (mask & ~IBV_SRQ_LIMIT || !mask)
+		return EINVAL;
+	pthread_mutex_lock(&srq->lock);
+	if (attr->srq_limit > srq->rq.size) {
+		ret = EINVAL;
+	} else {
+		srq->limit = attr->srq_limit;
+		atomic_store(&srq->shm->limit, attr->srq_limit);
+		atomic_store(&srq->shm->limit_hit, 0);
+	}
+	pthread_mutex_unlock(&srq->lock);
+	return ret;
+}
+
+int urdma_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
+{
+	struct urdma_srq *srq = to_usrq(ibsrq);
+
+	pthread_mutex_lock(&srq->lock);
+	attr->max_wr = srq->rq.size;
+	attr->max_sge = srq->rq.max_sge;
+	attr->srq_limit = srq->limit;
+	pthread_mutex_unlock(&srq->lock);
+	return 0;
+}
+
+int urdma_destroy_srq(struct ibv_srq *ibsrq)
+{
+	struct urdma_srq *srq = to_usrq(ibsrq);
+	struct urdma_context *uctx = srq->uctx;
+
+	pthread_mutex_lock(&srq->lock);
+	if (!list_empty(&srq->qps)) {
+		pthread_mutex_unlock(&srq->lock);
+		return EBUSY;
+	}
+	pthread_mutex_unlock(&srq->lock);
+	pthread_mutex_lock(&uctx->lock);
+	list_del(&srq->ctx_node);
+	pthread_mutex_unlock(&uctx->lock);
+	/* A poller that found it on a CQ's QP is done with it. */
+	while (atomic_load(&srq->drainers))
+		sched_yield();
+	atomic_fetch_sub(&to_upd(ibsrq->pd)->usecnt, 1);
+	/* An entry still claimed by a peer may be written: quarantined. */
+	urdma_arena_free(srq->shm, srq->shm_size,
+			 atomic_load(&srq->shm->claim) != srq->poll);
+	urdma_free(srq->rq_wr);
+	pthread_mutex_destroy(&srq->lock);
+	urdma_free(srq);
+	return 0;
+}
+
+/* Wake whoever waits for a receive: deliverers of the SRQ's QPs. */
+static void srq_wake(struct urdma_srq *srq)
+{
+	struct urdma_qp *qp;
+
+	pthread_mutex_lock(&srq->lock);
+	list_for_each_entry(qp, &srq->qps, srq_node) {
+		struct urdma_peer *p = urdma_peer_ref(&qp->peer);
+
+		if (p)
+			urdma_peer_wake(p);
+		urdma_peer_put(p);
+		if (qp->tr && qp->tr->recv_posted)
+			qp->tr->recv_posted(qp);
+	}
+	pthread_mutex_unlock(&srq->lock);
+}
+
+int urdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
+			struct ibv_recv_wr **bad)
+{
+	struct urdma_srq *srq = to_usrq(ibsrq);
+	struct urdma_shm_srq *s = srq->shm;
+	int ret = 0;
+
+	pthread_mutex_lock(&srq->lock);
+	for (; wr; wr = wr->next) {
+		struct urdma_shm_rqe *e;
+		uint64_t len = 0;
+
+		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > srq->rq.max_sge) {
+			ret = EINVAL;
+			break;
+		}
+		if (srq->prod - srq->poll >= srq->rq.size) {
+			ret = ENOMEM;
+			break;
+		}
+		e = srq_entry(srq, srq->prod);
+		atomic_store_explicit(&e->srq_tag, 0, memory_order_relaxed);
+		e->srq_qpn = 0;
+		e->srq_pid = 0;
+		e->num_sge = wr->num_sge;
+		for (int i = 0; i < wr->num_sge; i++) {
+			e->sge[i].addr = wr->sg_list[i].addr;
+			e->sge[i].length = wr->sg_list[i].length;
+			e->sge[i].lkey = wr->sg_list[i].lkey;
+			len += wr->sg_list[i].length;
+		}
+		e->status = IBV_WC_SUCCESS;
+		srq->rq_wr[srq->prod & (srq->rq.size - 1)] =
+			(struct urdma_rq_wr){ .wr_id = wr->wr_id, .len = len };
+		srq->prod++;
+		atomic_store_explicit(&s->prod, srq->prod, memory_order_release);
+	}
+	pthread_mutex_unlock(&srq->lock);
+	if (ret)
+		*bad = wr;
+	atomic_thread_fence(memory_order_seq_cst);
+	if (atomic_load_explicit(&s->rnr_waiter, memory_order_relaxed) &&
+	    atomic_exchange(&s->rnr_waiter, 0))
+		srq_wake(srq);
+	return ret;
+}
+
+/* Give the WR of entry idx (being taken) back to the SRQ, at its end.
+ * Under srq->lock; there is room: idx is freed at the same time. */
+static void srq_repost(struct urdma_srq *srq, uint32_t idx)
+{
+	struct urdma_shm_rqe *from = srq_entry(srq, idx);
+	struct urdma_shm_rqe *to = srq_entry(srq, srq->prod);
+	uint32_t n = READ_ONCE(from->num_sge);
+
+	if (n > srq->rq.max_sge)
+		n = 0; /* scribbled: the WR comes back with no buffer */
+	if (to != from) {
+		memmove(to->sge, from->sge, n * sizeof(to->sge[0]));
+		to->num_sge = n;
+	}
+	atomic_store_explicit(&to->srq_tag, 0, memory_order_relaxed);
+	to->srq_qpn = 0;
+	to->srq_pid = 0;
+	to->status = IBV_WC_SUCCESS;
+	srq->rq_wr[srq->prod & (srq->rq.size - 1)] =
+		srq->rq_wr[idx & (srq->rq.size - 1)];
+	srq->prod++;
+	atomic_store_explicit(&srq->shm->prod, srq->prod, memory_order_release);
+}
+
+static struct urdma_qp *srq_qp(struct urdma_srq *srq, uint32_t qpn)
+{
+	struct urdma_qp *qp;
+
+	list_for_each_entry(qp, &srq->qps, srq_node)
+		if (qp->ibqp.qp_num == qpn)
+			return qp;
+	return NULL;
+}
+
+/* Is the entry at srq->poll, unpublished, given up by its claimer? */
+static bool srq_abandoned(struct urdma_srq *srq)
+{
+	struct urdma_shm_rqe *e = srq_entry(srq, srq->poll);
+	uint64_t now = urdma_now_ns();
+	pid_t pid;
+
+	if (srq->stuck_idx != srq->poll || !srq->stuck_ns) {
+		srq->stuck_idx = srq->poll;
+		__atomic_store_n(&srq->stuck_ns, now, __ATOMIC_RELAXED);
+		return false;
+	}
+	if (now - srq->stuck_ns < SRQ_STUCK_NS)
+		return false;
+	pid = (pid_t)READ_ONCE(e->srq_pid);
+	if (pid > 0 && (pid == getpid() || !kill(pid, 0) || errno != ESRCH))
+		return false; /* alive (or not ours to know): it will publish */
+	urdma_warn("srq %#x: receive %u was claimed by process %d, which "
+		   "died before finishing it: the WR is posted again",
+		   srq->srqn, srq->poll, (int)pid);
+	__atomic_store_n(&srq->stuck_ns, 0, __ATOMIC_RELAXED);
+	return true;
+}
+
+/*
+ * Take the published entries, in order, into the receive CQs of the QPs
+ * they name.  Any thread; cq locks are taken inside srq->lock, never the
+ * other way round.
+ */
+void urdma_srq_drain(struct urdma_srq *srq)
+{
+	struct urdma_shm_srq *s = srq->shm;
+	uint32_t claim;
+
+	if (pthread_mutex_trylock(&srq->lock))
+		return; /* another thread is draining it */
+	claim = atomic_load_explicit(&s->claim, memory_order_acquire);
+	if (srq->bad || claim - srq->poll > srq->prod - srq->poll) {
+		if (!srq->bad) {
+			srq->bad = true;
+			urdma_err("srq %#x: a claim index (%u) past the receives "
+				  "posted (%u), which another process wrote: "
+				  "nothing more is taken from it", srq->srqn,
+				  claim, srq->prod);
+			srq_event(srq, IBV_EVENT_SRQ_ERR);
+		}
+		pthread_mutex_unlock(&srq->lock);
+		return;
+	}
+	while (srq->poll != claim) {
+		struct urdma_shm_rqe *e = srq_entry(srq, srq->poll);
+		const struct urdma_rq_wr *pw =
+			&srq->rq_wr[srq->poll & (srq->rq.size - 1)];
+		struct ibv_wc wc = { 0 };
+		struct urdma_qp *qp;
+
+		if (atomic_load_explicit(&e->srq_tag, memory_order_acquire) !=
+		    srq->poll + 1) {
+			if (!srq_abandoned(srq))
+				break;
+			srq_repost(srq, srq->poll++);
+			continue;
+		}
+		qp = srq_qp(srq, READ_ONCE(e->srq_qpn));
+		if (!qp || urdma_rqe_take(e, pw->len, &wc)) {
+			if (qp) { /* nonsense for a QP of ours */
+				urdma_err("qp %#x: a completion that can't be in "
+					  "its SRQ %#x: the QP goes to error",
+					  qp->ibqp.qp_num, srq->srqn);
+				urdma_qp_set_error(qp, true);
+			}
+			srq_repost(srq, srq->poll++);
+			continue;
+		}
+		wc.wr_id = pw->wr_id;
+		wc.qp_num = qp->ibqp.qp_num;
+		wc.src_qp = qp->attr.dest_qp_num;
+		urdma_cq_push(to_ucq(qp->ibqp.recv_cq), &wc, qp, 0);
+		srq->poll++;
+		__atomic_store_n(&srq->stuck_ns, 0, __ATOMIC_RELAXED);
+	}
+	pthread_mutex_unlock(&srq->lock);
+}
+
+/* Progress thread: an entry the poller found unpublished is looked at
+ * again (its claimer may be dead: srq_abandoned), without waiting for the
+ * application to poll; and a deliverer saw fewer WRs than the armed
+ * limit. */
+void urdma_srq_maintain(struct urdma_srq *srq)
+{
+	struct urdma_shm_srq *s = srq->shm;
+	bool fire = false;
+
+	if (__atomic_load_n(&srq->stuck_ns, __ATOMIC_RELAXED))
+		urdma_srq_drain(srq);
+	if (!atomic_load(&s->limit_hit) || !atomic_exchange(&s->limit_hit, 0))
+		return;
+	pthread_mutex_lock(&srq->lock);
+	if (srq->limit &&
+	    srq->prod - atomic_load(&s->claim) < srq->limit) {
+		/* Fires once; the program arms it again (ibv_modify_srq). */
+		srq->limit = 0;
+		atomic_store(&s->limit, 0);
+		fire = true;
+	}
+	pthread_mutex_unlock(&srq->lock);
+	if (fire)
+		srq_event(srq, IBV_EVENT_SRQ_LIMIT_REACHED);
+}
+
+/* qp, being created, receives from srq. */
+void urdma_srq_attach(struct urdma_srq *srq, struct urdma_qp *qp)
+{
+	qp->srq = srq;
+	qp->shm->srq_va = srq->va;
+	qp->shm->srq_bytes = srq->shm_size;
+	qp->shm->srqn = srq->srqn;
+	pthread_mutex_lock(&srq->lock);
+	list_add_tail(&qp->srq_node, &srq->qps);
+	pthread_mutex_unlock(&srq->lock);
+	atomic_fetch_add(&to_ucq(qp->ibqp.recv_cq)->srq_qps, 1);
+}
+
+/* qp, being destroyed, no longer does.  An entry published for it after
+ * this gives its WR back to the SRQ (urdma_srq_drain). */
+void urdma_srq_detach(struct urdma_qp *qp)
+{
+	struct urdma_srq *srq = qp->srq;
+	struct urdma_cq *rcq = to_ucq(qp->ibqp.recv_cq);
+
+	if (!srq)
+		return;
+	/* Under the CQ's lock, where cq_drain_srqs counts itself in the
+	 * SRQ's drainers: one that saw qp->srq has, before we go on. */
+	pthread_mutex_lock(&rcq->lock);
+	qp->srq = NULL;
+	pthread_mutex_unlock(&rcq->lock);
+	atomic_fetch_sub(&rcq->srq_qps, 1);
+	pthread_mutex_lock(&srq->lock);
+	list_del(&qp->srq_node);
+	pthread_mutex_unlock(&srq->lock);
+}
+
+/* qp on an SRQ went to error and no deliverer is inside it: it will take
+ * no more WRs from the SRQ (IBV_EVENT_QP_LAST_WQE_REACHED). */
+void urdma_srq_last_wqe(struct urdma_qp *qp)
+{
+	struct ibv_async_event ev = { .element.qp = &qp->ibqp,
+				      .event_type = IBV_EVENT_QP_LAST_WQE_REACHED };
+
+	urdma_async_event(qp->uctx, &ev);
+}
