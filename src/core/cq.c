@@ -445,30 +445,45 @@ static int cq_take(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 	return n;
 }
 
-/* Take what the SRQs of the CQ's receive QPs hold into their CQs (at
- * most CQ_POLLERS SRQs a call).  Outside cq->lock: urdma_srq_drain takes
- * CQ locks inside its own. */
+/* Take what the SRQs of the CQ's receive QPs hold into their CQs: up to
+ * CQ_SRQS of them a call, starting one QP further each call, so that every
+ * SRQ of a CQ that more feed gets its turn.  Outside cq->lock:
+ * urdma_srq_drain takes CQ locks inside its own. */
+#define CQ_SRQS 32
+
 static void cq_drain_srqs(struct urdma_cq *cq)
 {
-	struct urdma_srq *srqs[CQ_POLLERS];
+	struct urdma_srq *srqs[CQ_SRQS];
 	struct urdma_qp *qp;
-	int n = 0;
+	int n = 0, k = 0, start;
 
 	pthread_mutex_lock(&cq->lock);
-	list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
-		int i;
+	k = atomic_load(&cq->srq_qps);
+	if (k <= 0) { /* the last one left meanwhile */
+		pthread_mutex_unlock(&cq->lock);
+		return;
+	}
+	start = (int)(cq->srq_turn++ % (uint32_t)k);
+	for (int pass = 0; pass < 2 && n < CQ_SRQS; pass++) {
+		k = 0;
+		list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
+			int i;
 
-		if (!qp->srq)
-			continue;
-		for (i = 0; i < n && srqs[i] != qp->srq; i++)
-			;
-		if (i < n)
-			continue;
-		/* Counted under cq->lock: urdma_destroy_srq waits for us. */
-		atomic_fetch_add(&qp->srq->drainers, 1);
-		srqs[n++] = qp->srq;
-		if (n == CQ_POLLERS)
-			break;
+			if (!qp->srq)
+				continue;
+			/* pass 0: the QPs from start on; pass 1: the rest */
+			if ((k++ < start) != pass)
+				continue;
+			for (i = 0; i < n && srqs[i] != qp->srq; i++)
+				;
+			if (i < n)
+				continue;
+			/* Counted under cq->lock: urdma_destroy_srq waits. */
+			atomic_fetch_add(&qp->srq->drainers, 1);
+			srqs[n++] = qp->srq;
+			if (n == CQ_SRQS)
+				break;
+		}
 	}
 	pthread_mutex_unlock(&cq->lock);
 	for (int i = 0; i < n; i++) {

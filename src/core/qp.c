@@ -90,9 +90,9 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	    init->send_cq->context != ibpd->context ||
 	    init->recv_cq->context != ibpd->context ||
 	    cap.max_send_wr > URDMA_MAX_QP_WR ||
-	    cap.max_recv_wr > URDMA_MAX_QP_WR ||
+	    (!init->srq && cap.max_recv_wr > URDMA_MAX_QP_WR) ||
 	    cap.max_send_sge > URDMA_MAX_SGE ||
-	    cap.max_recv_sge > URDMA_MAX_SGE ||
+	    (!init->srq && cap.max_recv_sge > URDMA_MAX_SGE) ||
 	    cap.max_inline_data > URDMA_MAX_INLINE) {
 		errno = EINVAL;
 		return NULL;
@@ -129,7 +129,8 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	 * one entry, and it reports none. */
 	if (init->srq)
 		cap.max_recv_wr = 0;
-	ret = -urdma_rq_init(qp, cap.max_recv_wr, cap.max_recv_sge);
+	ret = -urdma_rq_init(qp, cap.max_recv_wr,
+			     init->srq ? 1 : cap.max_recv_sge);
 	if (ret)
 		goto err_free_sq;
 	if (init->srq)
@@ -560,6 +561,7 @@ int urdma_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask,
 	init->qp_context = ibqp->qp_context;
 	init->send_cq = ibqp->send_cq;
 	init->recv_cq = ibqp->recv_cq;
+	init->srq = ibqp->srq;
 	init->cap = qp->cap;
 	init->qp_type = ibqp->qp_type;
 	init->sq_sig_all = qp->sq_sig_all;

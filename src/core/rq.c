@@ -141,9 +141,13 @@ uint32_t urdma_rq_flush(struct urdma_qp *qp)
 		qp->rq_flush_wait = false;
 		atomic_store_explicit(&qp->rq_flushed, true,
 				      memory_order_release);
-		/* No deliverer is inside: it takes no more SRQ WRs. */
-		if (qp->srq)
-			urdma_srq_last_wqe(qp);
+		/* No deliverer is inside: it takes no more SRQ WRs.  The
+		 * progress thread reports it once the transport holds none
+		 * (urdma_qp_maintain). */
+		if (qp->srq) {
+			atomic_store(&qp->last_wqe_due, true);
+			urdma_progress_kick();
+		}
 	}
 	n = prod - qp->rq_flush_from;
 	pthread_mutex_unlock(&qp->rq_lock);
@@ -161,6 +165,7 @@ void urdma_rq_reset(struct urdma_qp *qp)
 	qp->rq_flush_wait = false;
 	atomic_store(&qp->rq_flushed, false);
 	atomic_store(&qp->rq_bad, false);
+	atomic_store(&qp->last_wqe_due, false);
 	pthread_mutex_unlock(&qp->rq_lock);
 }
 

@@ -37,7 +37,7 @@
 #include <stdint.h>
 
 #define URDMA_SHM_MAGIC 0x75726d61u /* "urma" */
-#define URDMA_SHM_VERSION 4u
+#define URDMA_SHM_VERSION 5u
 #define URDMA_CACHELINE 64
 
 /* MR table: key = (random tag << URDMA_MR_IDX_BITS) | index. */

@@ -404,6 +404,13 @@ bool urdma_qp_maintain(struct urdma_qp *qp)
 		again |= tr->maintain(qp);
 	if (qp->sq_pending || atomic_load(&qp->sq_async))
 		urdma_qp_progress(qp);
+	/* After tr->maintain, which lets go of a Send cut off by the error. */
+	if (atomic_load(&qp->last_wqe_due)) {
+		if (tr && tr->srq_held && tr->srq_held(qp))
+			again = true;
+		else if (atomic_exchange(&qp->last_wqe_due, false))
+			urdma_srq_last_wqe(qp);
+	}
 	/* after the send completions that came before it; if the engine
 	 * was busy, its holder fires it, or the next pass */
 	if (!atomic_load(&qp->sq_async))

@@ -58,8 +58,10 @@ struct ibv_srq *urdma_create_srq(struct ibv_pd *ibpd,
 	uint32_t size, max_sge;
 	uint64_t va;
 
+	/* srq_limit is not used here (ibv_create_srq(3)): armed by
+	 * ibv_modify_srq only. */
 	if (!a->max_wr || a->max_wr > URDMA_MAX_SRQ_WR ||
-	    a->max_sge > URDMA_MAX_SGE || a->srq_limit > a->max_wr) {
+	    a->max_sge > URDMA_MAX_SGE) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -106,10 +108,6 @@ struct ibv_srq *urdma_create_srq(struct ibv_pd *ibpd,
 	srq->ibsrq.pd = ibpd;
 	pthread_mutex_init(&srq->ibsrq.mutex, NULL);
 	pthread_cond_init(&srq->ibsrq.cond, NULL);
-	if (a->srq_limit) {
-		srq->limit = a->srq_limit;
-		atomic_store(&srq->shm->limit, a->srq_limit);
-	}
 	a->max_wr = size;
 	a->max_sge = max_sge;
 	atomic_fetch_add(&to_upd(ibpd)->usecnt, 1);
@@ -157,8 +155,10 @@ int urdma_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr,
 
 	/* Resizing a ring that deliverers have mapped is not supported (no
 	 * IBV_DEVICE_SRQ_RESIZE), as on mlx5. */
-	if (mask & ~IBV_SRQ_LIMIT || !mask)
+	if (mask & ~IBV_SRQ_LIMIT)
 		return EINVAL;
+	if (!mask)
+		return 0;
 	pthread_mutex_lock(&srq->lock);
 	if (attr->srq_limit > srq->rq.size) {
 		ret = EINVAL;
@@ -249,7 +249,9 @@ int urdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 			break;
 		}
 		e = srq_entry(srq, srq->prod);
-		atomic_store_explicit(&e->srq_tag, 0, memory_order_relaxed);
+		/* Unpublished: any tag but index + 1 (0 is that at 2^32 - 1). */
+		atomic_store_explicit(&e->srq_tag, srq->prod,
+				      memory_order_relaxed);
 		e->srq_qpn = 0;
 		e->srq_pid = 0;
 		e->num_sge = wr->num_sge;
@@ -289,7 +291,7 @@ static void srq_repost(struct urdma_srq *srq, uint32_t idx)
 		memmove(to->sge, from->sge, n * sizeof(to->sge[0]));
 		to->num_sge = n;
 	}
-	atomic_store_explicit(&to->srq_tag, 0, memory_order_relaxed);
+	atomic_store_explicit(&to->srq_tag, srq->prod, memory_order_relaxed);
 	to->srq_qpn = 0;
 	to->srq_pid = 0;
 	to->status = IBV_WC_SUCCESS;
@@ -343,8 +345,9 @@ void urdma_srq_drain(struct urdma_srq *srq)
 	struct urdma_shm_srq *s = srq->shm;
 	uint32_t claim;
 
-	if (pthread_mutex_trylock(&srq->lock))
-		return; /* another thread is draining it */
+	/* Waited for, not tried: a poller that skipped it (a post under
+	 * way) would find nothing and sleep with a completion waiting. */
+	pthread_mutex_lock(&srq->lock);
 	claim = atomic_load_explicit(&s->claim, memory_order_acquire);
 	if (srq->bad || claim - srq->poll > srq->prod - srq->poll) {
 		if (!srq->bad) {
@@ -373,6 +376,10 @@ void urdma_srq_drain(struct urdma_srq *srq)
 			continue;
 		}
 		qp = srq_qp(srq, READ_ONCE(e->srq_qpn));
+		/* One that can't have received (RESET, INIT) is nobody. */
+		if (qp && (qp->ibqp.state == IBV_QPS_RESET ||
+			   qp->ibqp.state == IBV_QPS_INIT))
+			qp = NULL;
 		if (!qp || urdma_rqe_take(e, pw->len, &wc)) {
 			if (qp) { /* nonsense for a QP of ours */
 				urdma_err("qp %#x: a completion that can't be in "

@@ -129,6 +129,7 @@ struct urdma_cq {
 	_Atomic int sq_pending; /* a send QP has WRs waiting to be retried */
 	_Atomic int polled_qps; /* QPs whose transport receives in poll_cq */
 	_Atomic int srq_qps;	/* receive QPs on an SRQ */
+	uint32_t srq_turn;	/* where cq_drain_srqs starts, under lock */
 	struct urdma_channel *chan;
 	_Atomic int usecnt;
 	uint32_t events_reported; /* by ibv_get_cq_event, under ibcq.mutex */
@@ -211,6 +212,7 @@ struct urdma_qp {
 	struct urdma_wr_batch *wrb; /* the wr_ calls' WRs (qp_ex.c), or NULL */
 	struct urdma_srq *srq;	    /* receives from it (srq.c), or NULL */
 	struct list_head srq_node;
+	_Atomic bool last_wqe_due; /* in ERR: LAST_WQE_REACHED to report */
 	struct urdma_context *uctx;
 	struct list_head ctx_node, scq_node, rcq_node;
 	struct ibv_qp_attr attr; /* as last set */

@@ -332,8 +332,19 @@ int urdma_srq_claim(struct urdma_shm_srq *s, uint8_t *ring,
 
 	for (;;) {
 		p = atomic_load_explicit(&s->prod, memory_order_acquire);
-		if (p - c > g->size)
+		if (p - c > g->size) {
+			/* c may be old: others claimed, the owner took and
+			 * posted again.  Only a fresh pair that disagrees is
+			 * nonsense. */
+			uint32_t c2 = atomic_load_explicit(&s->claim,
+							   memory_order_acquire);
+
+			if (c2 != c) {
+				c = c2;
+				continue;
+			}
 			return -EINVAL; /* indices no owner writes */
+		}
 		if (c == p) {
 			if (looked)
 				return -EAGAIN;

@@ -30,8 +30,11 @@ struct urdma_transport_ops {
 	bool (*maintain)(struct urdma_qp *qp);
 	/* Optional.  ibv_poll_cq: take what has arrived, without waiting. */
 	void (*poll)(struct urdma_qp *qp);
-	/* Optional.  ibv_post_recv added receives. */
+	/* Optional.  ibv_post_recv (or ibv_post_srq_recv) added receives. */
 	void (*recv_posted)(struct urdma_qp *qp);
+	/* Optional.  Does the QP's receive path still hold a receive WR of
+	 * its SRQ (a Send half placed)?  The QP's LAST_WQE_REACHED waits. */
+	bool (*srq_held)(struct urdma_qp *qp);
 	/* Optional.  ibv_req_notify_cq armed the QP's receive CQ: the
 	 * application may go to sleep.  Under the CQ lock. */
 	void (*armed)(struct urdma_qp *qp);

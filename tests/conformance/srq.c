@@ -31,14 +31,15 @@ static void srq_rules(void *arg)
 		{ .attr = { .max_wr = 0, .max_sge = 1 } },
 		{ .attr = { .max_wr = (uint32_t)r.dev_attr.max_srq_wr + 1, .max_sge = 1 } },
 		{ .attr = { .max_wr = 16, .max_sge = (uint32_t)r.dev_attr.max_srq_sge + 1 } },
-		{ .attr = { .max_wr = 16, .max_sge = 1, .srq_limit = 17 } },
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		errno = 0;
 		CHECK(!ibv_create_srq(r.pd, &bad[i]) && errno == EINVAL,
 		      "bad attributes %zu: errno %d, expected EINVAL", i, errno);
 	}
-	struct ibv_srq_init_attr ia = { .srq_context = &r, .attr = { .max_wr = 10, .max_sge = 2 } };
+	/* srq_limit is not used by ibv_create_srq: not armed, not checked. */
+	struct ibv_srq_init_attr ia = { .srq_context = &r,
+					.attr = { .max_wr = 10, .max_sge = 2, .srq_limit = 99 } };
 	struct ibv_srq *srq = ibv_create_srq(r.pd, &ia);
 	REQUIRE(srq, "ibv_create_srq: %s", strerror(errno));
 	CHECK(ia.attr.max_wr >= 10 && ia.attr.max_sge >= 2, "reported max_wr %u max_sge %u",
@@ -49,6 +50,7 @@ static void srq_rules(void *arg)
 	CHECK(ibv_query_srq(srq, &qa) == 0 && qa.max_wr == ia.attr.max_wr && qa.srq_limit == 0,
 	      "query: max_wr %u limit %u", qa.max_wr, qa.srq_limit);
 	struct ibv_srq_attr ma = { .max_wr = 64 };
+	CHECK(ibv_modify_srq(srq, &ma, 0) == 0, "ibv_modify_srq with no attribute");
 	CHECK(ibv_modify_srq(srq, &ma, IBV_SRQ_MAX_WR) == EINVAL,
 	      "resizing (no IBV_DEVICE_SRQ_RESIZE) is EINVAL");
 	ma.srq_limit = ia.attr.max_wr + 1;
@@ -84,6 +86,11 @@ static void srq_rules(void *arg)
 	CHECK(qp->srq == srq && qi.cap.max_recv_wr == 0 && qi.cap.max_recv_sge == 0,
 	      "qp->srq %p, cap.max_recv_wr %u max_recv_sge %u", (void *)qp->srq,
 	      qi.cap.max_recv_wr, qi.cap.max_recv_sge);
+	struct ibv_qp_attr qattr;
+	struct ibv_qp_init_attr qinit;
+	CHECK(ibv_query_qp(qp, &qattr, IBV_QP_CAP, &qinit) == 0 && qinit.srq == srq &&
+	      qinit.cap.max_recv_wr == 0, "ibv_query_qp: srq %p, max_recv_wr %u",
+	      (void *)qinit.srq, qinit.cap.max_recv_wr);
 	r.qp = qp;
 	CHECK(t_modify_init(&r) == 0, "to INIT");
 	CHECK(ibv_post_recv(qp, &wr, &badwr) == EINVAL, "ibv_post_recv on a QP with an SRQ");

@@ -123,7 +123,7 @@ struct tcp_conn {
 	size_t rlen;
 	uint32_t rx_msn[DDP_NUM_QN];
 	bool rcv_active; /* a Send is being placed into receive rcv_idx */
-	bool rcv_srq;	 /* ... of the QP's SRQ, whose entry rcv_e is */
+	struct urdma_srq *rcv_srq; /* ... of this SRQ (or NULL), entry rcv_e */
 	uint32_t rx_recvs; /* receives completed (tcp_park.c looks) */
 	struct urdma_shm_rqe *rcv_e;
 	uint32_t rcv_idx;

@@ -369,7 +369,7 @@ static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
 			goto out;
 		}
 		c->rcv_active = true;
-		struct urdma_srq *srq = qp->srq;
+		struct urdma_srq *srq = c->rcv_srq; /* as claimed */
 
 		if (urdma_rqe_spans(qp->uctx->shm,
 				    to_upd(srq ? srq->ibsrq.pd : qp->ibqp.pd)->id,
@@ -422,9 +422,17 @@ out:
 }
 
 /* Immediate Data: for the next Send, or completing a Write's receive. */
-static int rx_imm(struct tcp_conn *c, const struct iwarp_msg *m)
+static int rx_imm(struct tcp_conn *c, const struct iwarp_msg *m,
+		  uint32_t *term)
 {
 	struct urdma_qp *qp = c->qp;
+
+	/* Not inside a Send still being placed: its receive is claimed. */
+	if (c->rcv_active) {
+		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
+				  TERM_DDP_EC_U_INV_MSN, TERM_HDRCT_D);
+		return RX_ERR;
+	}
 
 	if (m->u.imm.flags & URDMA_IMM_FOR_SEND) {
 		c->imm_pending = true;
@@ -712,7 +720,7 @@ static int rx_msg(struct tcp_conn *c, const struct iwarp_msg *m,
 		return rx_send(c, m, term);
 	case RDMAP_IMM:
 	case RDMAP_IMM_SE:
-		return rx_imm(c, m);
+		return rx_imm(c, m, term);
 	case RDMAP_WRITE:
 		return rx_write(c, m, term);
 	case RDMAP_READ_REQ:

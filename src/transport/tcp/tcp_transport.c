@@ -400,6 +400,16 @@ static void conn_probe_overdue(struct tcp_conn *c, struct urdma_qp *qp)
 }
 
 
+/* A Send half placed into a receive WR of the QP's SRQ (rcv_abandon lets
+ * go of it once the QP is in error: tcp_maintain). */
+static bool tcp_srq_held(struct urdma_qp *qp)
+{
+	struct tcp_conn *c = qp->tr_priv;
+
+	return c && __atomic_load_n(&c->rcv_active, __ATOMIC_RELAXED) &&
+	       __atomic_load_n(&c->rcv_srq, __ATOMIC_RELAXED);
+}
+
 bool tcp_maintain(struct urdma_qp *qp)
 {
 	struct tcp_conn *c = qp->tr_priv;
@@ -515,6 +525,7 @@ const struct urdma_transport_ops urdma_tcp_transport = {
 	.maintain = tcp_maintain,
 	.poll = tcp_poll,
 	.recv_posted = tcp_recv_posted,
+	.srq_held = tcp_srq_held,
 	.armed = tcp_armed,
 	.release = tcp_release,
 	.qpn_reserve = tcp_qpn_reserve,
