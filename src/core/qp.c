@@ -254,6 +254,8 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	struct urdma_cq *scq = to_ucq(ibqp->send_cq), *rcq = to_ucq(ibqp->recv_cq);
 	struct urdma_context *uctx = qp->uctx;
 
+	if (qp->tr && qp->tr->drain)
+		qp->tr->drain(qp);
 	urdma_host_qp_unpublish(ibqp->qp_num);
 	atomic_store(&qp->shm->state, URDMA_SQPS_GONE);
 	urdma_srq_detach(qp);

@@ -30,6 +30,11 @@ struct urdma_transport_ops {
 	bool (*maintain)(struct urdma_qp *qp);
 	/* Optional.  ibv_poll_cq: take what has arrived, without waiting. */
 	void (*poll)(struct urdma_qp *qp);
+	/* Optional.  The QP is about to be destroyed: take what has arrived
+	 * and answer what waits for an answer, as a NIC acknowledges the
+	 * messages it received whether or not the application polls them.
+	 * In the destroying thread, before the QP leaves its state. */
+	void (*drain)(struct urdma_qp *qp);
 	/* Optional.  ibv_post_recv (or ibv_post_srq_recv) added receives. */
 	void (*recv_posted)(struct urdma_qp *qp);
 	/* Optional.  Does the QP's receive path still hold a receive WR of

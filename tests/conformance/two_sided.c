@@ -815,6 +815,53 @@ static void xsend_child(struct t_peer *p, void *arg)
 	xsend_side(p, 200, 100);
 }
 
+/* ---- A receiver that destroys its QP right after the message it needed,
+ * with one more already arrived: as on a NIC, the sender's Sends all
+ * succeed (the last was received, if never polled), and none fails before
+ * the QP's retry budget would have run out. ---- */
+
+static void gone_parent(struct t_peer *p, void *arg)
+{
+	struct t_res r;
+	t_res_open(&r, NULL);
+	char *buf = t_alloc(4096);
+	struct ibv_mr *mr = t_reg(&r, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	t_connect_pair(p, &r, mr, NULL);
+	for (int i = 0; i < 2; i++)
+		REQUIRE(t_post_send(r.qp, (uint64_t)i, IBV_WR_SEND, buf, 64, mr->lkey,
+				    IBV_SEND_SIGNALED, 0, 0) == 0, "post_send");
+	t_expect_wc(r.send_cq, NULL, 0, IBV_WC_SUCCESS, IBV_WC_SEND, "the first Send");
+	t_expect_wc(r.send_cq, NULL, 1, IBV_WC_SUCCESS, IBV_WC_SEND,
+		    "the second Send, received but never polled before the QP went");
+	t_barrier(p);
+	t_res_close(&r);
+	free(buf);
+}
+
+static void gone_child(struct t_peer *p, void *arg)
+{
+	struct t_res r;
+	t_res_open(&r, NULL);
+	char *buf = t_alloc(4096);
+	struct ibv_mr *mr = t_reg(&r, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(t_modify_init(&r) == 0, "INIT");
+	for (int i = 0; i < 2; i++)
+		REQUIRE(t_post_recv(r.qp, (uint64_t)i, buf + 128 * i, 128, mr->lkey) == 0,
+			"post_recv");
+	t_connect_pair(p, &r, mr, NULL);
+	struct ibv_wc wc;
+	t_expect_wc(r.recv_cq, &wc, 0, IBV_WC_SUCCESS, IBV_WC_RECV, "the first message");
+	/* The second is here by now or nearly (sent right after the first):
+	 * go without polling it, sooner than a stream left unpolled is read
+	 * by the library's own thread (2 ms over TCP). */
+	t_sleep_ms(1);
+	REQUIRE(ibv_destroy_qp(r.qp) == 0, "ibv_destroy_qp");
+	r.qp = NULL;
+	t_barrier(p);
+	t_res_close(&r);
+	free(buf);
+}
+
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
@@ -835,5 +882,6 @@ int main(int argc, char **argv)
 	t_pair("recv_buffer_too_small", small_parent, small_child, NULL);
 	t_pair("cq_resize_keeps_completions", resize_parent, resize_child, NULL);
 	t_pair("both_sides_send_at_once", xsend_parent, xsend_child, NULL);
+	t_pair("receiver_gone_after_last_needed", gone_parent, gone_child, NULL);
 	return t_finish();
 }

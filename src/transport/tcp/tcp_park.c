@@ -250,6 +250,23 @@ void tcp_poll(struct urdma_qp *qp)
 /* The application may sleep on its CQ now: the progress thread must watch
  * for data again.  Under the CQ lock, inner to rx_lock: if that is busy,
  * tcp_maintain unparks. */
+/* Before the QP goes: a peer that sent to it more than the application
+ * took (ibv_srq_pingpong keeps a Send in flight per QP and stops at its
+ * count) gets its messages placed and answered, instead of a
+ * RETRY_EXC_ERR when the stream closes on them unread. */
+void tcp_drain(struct urdma_qp *qp)
+{
+	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
+
+	if (!c || atomic_load(&c->state) != C_UP || atomic_load(&c->dead))
+		return;
+	pthread_mutex_lock(&c->rx_lock);
+	if (c->rlen || atomic_load(&c->stalled) || rx_ready(c))
+		rx_locked(c, 0);
+	pthread_mutex_unlock(&c->rx_lock);
+	rsp_send(c);
+}
+
 void tcp_armed(struct urdma_qp *qp)
 {
 	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);

@@ -469,23 +469,26 @@ bool tcp_maintain(struct urdma_qp *qp)
 			urdma_progress_by(urdma_now_ns() + PARK_LOOK_NS);
 		again = atomic_load(&c->stalled);
 		conn_probe_overdue(c, qp);
-		/* Unconfirmed messages on a lost stream fail at once, the
-		 * first with RETRY_EXC_ERR, as when a NIC's retries run out.
-		 * An idle QP goes to ERR once its retry budget has passed (1
-		 * s without one), as over shared memory when the peer process
-		 * dies: the library knows the peer is gone, so it says so
+		/* A lost stream fails the QP once its retry budget has
+		 * passed (1 s without one), as a NIC's retries run out:
+		 * unconfirmed messages first with RETRY_EXC_ERR, then the QP
+		 * to ERR, as over shared memory when the peer process dies
 		 * (receives flushed, QP_FATAL), while completions that came
-		 * before stay to be polled. */
+		 * before stay to be polled.  Not at once: a peer that closed
+		 * right after the messages it needed (ibv_srq_pingpong keeps
+		 * a Send in flight per QP) must not fail a sender that is
+		 * about to finish, as it does not on a NIC. */
 		if (atomic_load(&c->dead) && !c->dead_handled) {
-			if (c->unc_head != c->unc_tail) {
+			uint64_t due = c->dead_ns + urdma_qp_loss_grace_ns(qp);
+
+			if (urdma_now_ns() >= due) {
 				c->dead_handled = true;
-				unc_settle(c, c->unc_head, IBV_WC_RETRY_EXC_ERR);
-				fail = true;
-			} else if (urdma_now_ns() - c->dead_ns >=
-				   urdma_qp_loss_grace_ns(qp)) {
-				c->dead_handled = true;
+				if (c->unc_head != c->unc_tail)
+					unc_settle(c, c->unc_head,
+						   IBV_WC_RETRY_EXC_ERR);
 				fail = true;
 			} else {
+				urdma_progress_by(due);
 				again = true;
 			}
 		}
@@ -524,6 +527,7 @@ const struct urdma_transport_ops urdma_tcp_transport = {
 	.execute = tcp_execute,
 	.maintain = tcp_maintain,
 	.poll = tcp_poll,
+	.drain = tcp_drain,
 	.recv_posted = tcp_recv_posted,
 	.srq_held = tcp_srq_held,
 	.armed = tcp_armed,
