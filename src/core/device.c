@@ -146,24 +146,6 @@ static void *compat_unsupported(void)
 }
 
 
-static struct ibv_mw *alloc_mw_unsupported(struct ibv_pd *pd,
-					   enum ibv_mw_type type)
-{
-	errno = EOPNOTSUPP;
-	return NULL;
-}
-
-static int bind_mw_unsupported(struct ibv_qp *qp, struct ibv_mw *mw,
-			       struct ibv_mw_bind *bind)
-{
-	return EOPNOTSUPP;
-}
-
-static int dealloc_mw_unsupported(struct ibv_mw *mw)
-{
-	return EOPNOTSUPP;
-}
-
 static int compat_query_device(struct ibv_context *c, struct ibv_device_attr *a)
 {
 	return urdma_query_device(c, a);
@@ -200,9 +182,9 @@ static void set_ops(struct ibv_context_ops *o)
 		p[i] = compat_unsupported;
 	o->_compat_query_device = compat_query_device;
 	o->_compat_query_port = compat_query_port;
-	o->alloc_mw = alloc_mw_unsupported;
-	o->bind_mw = bind_mw_unsupported;
-	o->dealloc_mw = dealloc_mw_unsupported;
+	o->alloc_mw = urdma_alloc_mw;
+	o->bind_mw = urdma_bind_mw;
+	o->dealloc_mw = urdma_dealloc_mw;
 	o->poll_cq = urdma_poll_cq;
 	o->req_notify_cq = urdma_req_notify_cq;
 	o->post_srq_recv = urdma_post_srq_recv;
@@ -319,7 +301,10 @@ int urdma_query_device(struct ibv_context *c, struct ibv_device_attr *a)
 	a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN |
 			      IBV_DEVICE_SHUTDOWN_PORT |
 			      IBV_DEVICE_PORT_ACTIVE_EVENT |
-			      IBV_DEVICE_SYS_IMAGE_GUID;
+			      IBV_DEVICE_SYS_IMAGE_GUID |
+			      IBV_DEVICE_MEM_WINDOW |
+			      IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+	a->max_mw = URDMA_MAX_MR;
 	a->max_sge = URDMA_MAX_SGE;
 	a->max_sge_rd = URDMA_MAX_SGE;
 	a->max_cq = URDMA_MAX_QP;

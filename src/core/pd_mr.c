@@ -65,16 +65,19 @@ static int check_access(unsigned int access)
 
 uint32_t urdma_mr_key(uint32_t idx, uint32_t rnd)
 {
-	uint32_t tag = rnd << URDMA_MR_IDX_BITS;
+	uint32_t tag = URDMA_MR_TAG(rnd);
 
-	return tag ? tag | idx : 0;
+	return tag ? idx << URDMA_MR_TAG_BITS | tag : 0;
 }
 
-static uint32_t new_key(uint32_t idx)
+uint32_t urdma_mr_new_key(uint32_t idx)
 {
 	uint32_t key;
 
-	while (!(key = urdma_mr_key(idx, urdma_random32())))
+	/* A tag with bits above the low byte: a window's ibv_inc_rkey
+	 * never makes it 0. */
+	while (!(key = urdma_mr_key(idx, urdma_random32())) ||
+	       !(URDMA_MR_TAG(key) >> 8))
 		;
 	return key;
 }
@@ -82,7 +85,7 @@ static uint32_t new_key(uint32_t idx)
 /* Fills the shared entry with key (a new one, or the MR's own on
  * ibv_rereg_mr, as rxe and mlx5 keep it: peers hold it); the key is
  * published last, and seq tells readers the entry changed under them. */
-static void mr_publish(struct urdma_mr *mr, uint32_t pd_id, uint32_t key)
+void urdma_mr_publish(struct urdma_mr *mr, uint32_t pd_id, uint32_t key)
 {
 	struct urdma_shm_mr *e = mr->shm;
 	uint32_t seq = atomic_load_explicit(&e->seq, memory_order_relaxed);
@@ -95,7 +98,9 @@ static void mr_publish(struct urdma_mr *mr, uint32_t pd_id, uint32_t key)
 	e->iova = mr->iova;
 	e->length = mr->length;
 	e->va = mr->va;
-	atomic_store_explicit(&e->flags, mr->direct ? URDMA_MR_F_DIRECT : 0,
+	e->qpn = mr->qpn;
+	atomic_store_explicit(&e->flags,
+			      (mr->direct ? URDMA_MR_F_DIRECT : 0) | mr->mw_flags,
 			      memory_order_relaxed);
 	mr->ibmr.lkey = mr->ibmr.rkey = key;
 	atomic_store_explicit(&e->seq, seq + 2, memory_order_release);
@@ -119,6 +124,18 @@ static int mr_back(struct urdma_context *uctx, uint64_t va, uint64_t length,
 		return -ENOMEM;
 	atomic_store(&uctx->shm->atomic_lock, lock);
 	return 1;
+}
+
+/* A free entry of the MR table, or -1.  Under uctx->lock. */
+int urdma_mr_slot_find(struct urdma_context *uctx)
+{
+	for (unsigned int i = 0; i < URDMA_MAX_MR; i++) {
+		unsigned int j = (uctx->num_mrs + i) % URDMA_MAX_MR;
+
+		if (!uctx->mrs[j])
+			return (int)j;
+	}
+	return -1;
 }
 
 struct ibv_mr *urdma_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length,
@@ -151,14 +168,7 @@ struct ibv_mr *urdma_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length,
 	}
 	mr->direct = ret;
 	pthread_mutex_lock(&uctx->lock);
-	for (unsigned int i = 0; i < URDMA_MAX_MR; i++) {
-		unsigned int j = (uctx->num_mrs + i) % URDMA_MAX_MR;
-
-		if (!uctx->mrs[j]) {
-			idx = j;
-			break;
-		}
-	}
+	idx = urdma_mr_slot_find(uctx);
 	if (idx < 0) {
 		pthread_mutex_unlock(&uctx->lock);
 		urdma_free(mr);
@@ -176,7 +186,7 @@ struct ibv_mr *urdma_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length,
 	mr->length = length;
 	mr->va = va;
 	mr->access = access & ~IBV_ACCESS_OPTIONAL_RANGE;
-	mr_publish(mr, pd->id, new_key(idx));
+	urdma_mr_publish(mr, pd->id, urdma_mr_new_key(idx));
 	uctx->mrs[idx] = mr;
 	uctx->num_mrs = idx + 1;
 	pthread_mutex_unlock(&uctx->lock);
@@ -190,6 +200,9 @@ int urdma_dereg_mr(struct ibv_mr *ibmr)
 {
 	struct urdma_context *uctx = to_uctx(ibmr->context);
 	struct urdma_mr *mr = to_umr(ibmr);
+
+	if (atomic_load(&mr->num_mw))
+		return EBUSY; /* memory windows are bound to it */
 
 	atomic_store_explicit(&mr->shm->key, 0, memory_order_release);
 	pthread_mutex_lock(&uctx->lock);
@@ -243,7 +256,7 @@ int urdma_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd,
 		direct = ret;
 	}
 	/* Under the lock of urdma_mrs_check(), which reads the range and
-	 * flags the entry that mr_publish() rewrites. */
+	 * flags the entry that urdma_mr_publish() rewrites. */
 	pthread_mutex_lock(&uctx->lock);
 	mr->direct = direct;
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
@@ -260,7 +273,7 @@ int urdma_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd,
 		atomic_fetch_add(&to_upd(ibpd)->usecnt, 1);
 		ibmr->pd = ibpd;
 	}
-	mr_publish(mr, to_upd(ibmr->pd)->id, ibmr->lkey);
+	urdma_mr_publish(mr, to_upd(ibmr->pd)->id, ibmr->lkey);
 	pthread_mutex_unlock(&uctx->lock);
 	return 0;
 }

@@ -406,11 +406,11 @@ int urdma_peer_wake(struct urdma_peer *p)
 
 int urdma_mr_lookup(const struct urdma_shm_ctx *shm, uint32_t key,
 		    uint64_t addr, uint64_t len, uint32_t access, uint32_t pd_id,
-		    uint64_t *va, bool *direct)
+		    uint32_t via, uint64_t *va, bool *direct)
 {
 	const struct urdma_shm_mr *e = &shm->mr[URDMA_MR_IDX(key)];
 	uint64_t iova, length, base;
-	uint32_t acc, pd, flags, seq;
+	uint32_t acc, pd, flags, seq, qpn;
 
 	seq = atomic_load_explicit(&e->seq, memory_order_acquire);
 	if (!key || (seq & 1) ||
@@ -421,13 +421,18 @@ int urdma_mr_lookup(const struct urdma_shm_ctx *shm, uint32_t key,
 	base = e->va;
 	acc = e->access;
 	pd = e->pd_id;
+	qpn = e->qpn;
+	flags = atomic_load_explicit(&e->flags, memory_order_relaxed);
 	atomic_thread_fence(memory_order_acquire);
 	if (atomic_load_explicit(&e->key, memory_order_relaxed) != key ||
 	    atomic_load_explicit(&e->seq, memory_order_relaxed) != seq)
 		return -EINVAL;
+	/* A window is a remote key, and a type 2 one serves its QP only. */
+	if ((flags & URDMA_MR_F_MW) &&
+	    (via == URDMA_VIA_LOCAL || (qpn && qpn != via)))
+		return -EINVAL;
 	if (pd != pd_id || (acc & access) != access)
 		return -EACCES;
-	flags = atomic_load_explicit(&e->flags, memory_order_relaxed);
 	if (flags & URDMA_MR_F_UNMAPPED)
 		return -EFAULT;
 	if (addr < iova || len > length || addr - iova > length - len)

@@ -37,13 +37,19 @@
 #include <stdint.h>
 
 #define URDMA_SHM_MAGIC 0x75726d61u /* "urma" */
-#define URDMA_SHM_VERSION 5u
+#define URDMA_SHM_VERSION 6u
 #define URDMA_CACHELINE 64
 
-/* MR table: key = (random tag << URDMA_MR_IDX_BITS) | index. */
+/* MR table: key = (index << URDMA_MR_TAG_BITS) | random tag.  The index
+ * on top, as iWARP's STag index: the low byte is the key a program may
+ * choose when it binds a memory window (ibv_inc_rkey). */
 #define URDMA_MR_IDX_BITS 14
+#define URDMA_MR_TAG_BITS (32 - URDMA_MR_IDX_BITS)
 #define URDMA_MAX_MR (1u << URDMA_MR_IDX_BITS)
-#define URDMA_MR_IDX(key) ((key) & (URDMA_MAX_MR - 1))
+#define URDMA_MR_IDX(key) ((key) >> URDMA_MR_TAG_BITS)
+#define URDMA_MR_TAG(key) ((key) & ((1u << URDMA_MR_TAG_BITS) - 1))
+/* urdma_mr_lookup's `via` for a local key (an SGE's lkey): no MW. */
+#define URDMA_VIA_LOCAL 0xffffffffu
 
 enum {
 	URDMA_MR_F_UNMAPPED = 1u << 0, /* the owner unmapped the pages */
@@ -52,6 +58,7 @@ enum {
 	 * va in the owner's address space with process_vm_readv/writev,
 	 * and does atomics under the owner's lock (urdma_shm_ctx). */
 	URDMA_MR_F_DIRECT = 1u << 1,
+	URDMA_MR_F_MW = 1u << 2, /* a memory window: a remote key only */
 };
 
 struct urdma_shm_mr {
@@ -66,7 +73,7 @@ struct urdma_shm_mr {
 	 * key): a reader that saw another value before and after, or an odd
 	 * one, read a mix of two entries. */
 	_Atomic uint32_t seq;
-	uint32_t reserved0;
+	uint32_t qpn; /* a type 2 MW: reached only through this QP */
 	uint64_t reserved[2];
 };
 static_assert(sizeof(struct urdma_shm_mr) == 64, "MR entry is one cache line");

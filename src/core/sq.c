@@ -59,6 +59,8 @@ static void sq_complete(struct urdma_qp *qp, struct urdma_swqe *wqe,
 		[IBV_WR_RDMA_READ] = IBV_WC_RDMA_READ,
 		[IBV_WR_ATOMIC_CMP_AND_SWP] = IBV_WC_COMP_SWAP,
 		[IBV_WR_ATOMIC_FETCH_AND_ADD] = IBV_WC_FETCH_ADD,
+		[IBV_WR_LOCAL_INV] = IBV_WC_LOCAL_INV,
+		[IBV_WR_BIND_MW] = IBV_WC_BIND_MW,
 	};
 	bool signaled = qp->sq_sig_all || (wqe->send_flags & IBV_SEND_SIGNALED);
 	struct ibv_wc wc;
@@ -222,8 +224,14 @@ static void sq_run(struct urdma_qp *qp)
 		if ((wqe->send_flags & IBV_SEND_FENCE) && sq_reads_pending(qp))
 			break;
 		running_qp = qp;
-		r = qp->tr ? qp->tr->execute(qp, wqe, &status) :
-			     URDMA_TX_NOT_READY;
+		if (wqe->opcode == IBV_WR_BIND_MW ||
+		    wqe->opcode == IBV_WR_LOCAL_INV) {
+			status = urdma_mw_execute(qp, wqe); /* local */
+			r = URDMA_TX_DONE;
+		} else {
+			r = qp->tr ? qp->tr->execute(qp, wqe, &status) :
+				     URDMA_TX_NOT_READY;
+		}
 		running_qp = NULL;
 		if (r == URDMA_TX_POSTED) {
 			qp->sq_head++;
@@ -447,6 +455,18 @@ static int check_send_wr(struct urdma_qp *qp, const struct ibv_send_wr *wr,
 		    (wr->send_flags & IBV_SEND_INLINE))
 			return EINVAL;
 		break;
+	case IBV_WR_BIND_MW: /* local: no data, checked when it runs */
+		if (!wr->bind_mw.mw ||
+		    wr->bind_mw.mw->context != qp->ibqp.context ||
+		    (wr->send_flags & IBV_SEND_INLINE))
+			return EINVAL;
+		*len = 0;
+		return 0;
+	case IBV_WR_LOCAL_INV:
+		if (wr->send_flags & IBV_SEND_INLINE)
+			return EINVAL;
+		*len = 0;
+		return 0;
 	default:
 		return EINVAL; /* not an RC operation we implement */
 	}
@@ -499,6 +519,22 @@ static void sq_put(struct urdma_qp *qp, const struct ibv_send_wr *wr,
 	w->first_try_ns = 0;
 	w->rnr_tries = 0;
 	atomic_store_explicit(&w->done, 0, memory_order_relaxed);
+	if (wr->opcode == IBV_WR_BIND_MW) {
+		/* The window by its key when posted, the new key, the
+		 * access, and the range as an SGE of the MR (mw.c). */
+		const struct ibv_mw_bind_info *b = &wr->bind_mw.bind_info;
+
+		w->swap = wr->bind_mw.mw->rkey;
+		w->rkey = wr->bind_mw.rkey;
+		w->imm_data = b->mw_access_flags;
+		w->compare_add = b->mr ? b->length : 0;
+		w->sge[0] = (struct ibv_sge){ b->addr, 0,
+					      b->mr ? b->mr->lkey : 0 };
+		w->num_sge = 0;
+		w->inline_len = 0;
+		qp->sq_tail++;
+		return;
+	}
 	if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
 	    wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
 		w->remote_addr = wr->wr.atomic.remote_addr;
@@ -538,6 +574,12 @@ int urdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 
 	pthread_mutex_lock(&qp->sq_lock);
 	for (; wr; wr = wr->next) {
+		/* A type 1 window is bound with ibv_bind_mw only. */
+		if (wr->opcode == IBV_WR_BIND_MW && wr->bind_mw.mw &&
+		    wr->bind_mw.mw->type != IBV_MW_TYPE_2) {
+			ret = EINVAL;
+			break;
+		}
 		ret = sq_admit(qp, wr, 0, &len);
 		if (ret)
 			break;
@@ -597,8 +639,8 @@ enum ibv_wc_status urdma_local_spans(struct urdma_qp *qp,
 		if (!sg->length)
 			continue;
 		if (urdma_mr_lookup(qp->uctx->shm, sg->lkey, sg->addr,
-				    sg->length, access, pd_id, &spans[k].va,
-				    &spans[k].direct))
+				    sg->length, access, pd_id, URDMA_VIA_LOCAL,
+				    &spans[k].va, &spans[k].direct))
 			return IBV_WC_LOC_PROT_ERR;
 		spans[k].len = sg->length;
 		spans[k].ptr = NULL;

@@ -98,6 +98,18 @@ struct urdma_mr {
 	uint64_t va;
 	uint32_t access;
 	bool direct; /* not backed: URDMA_MR_F_DIRECT */
+	/* A memory window's entry (mw.c): URDMA_MR_F_MW, and the QP a type 2
+	 * one is bound to; an MR counts the windows bound to it. */
+	uint32_t mw_flags;
+	uint32_t qpn;
+	_Atomic int num_mw;
+};
+
+/* A memory window: an entry of the MR table of its own (slot). */
+struct urdma_mw {
+	struct ibv_mw ibmw;
+	struct urdma_mr slot;
+	struct urdma_mr *bound; /* the MR it is bound to, or NULL */
 };
 
 struct urdma_channel {
@@ -401,13 +413,14 @@ int urdma_peer_wait(struct urdma_peer *p, int timeout_ms);
 bool urdma_peer_ready(struct urdma_peer *p);
 bool urdma_peer_dead(struct urdma_peer *p);
 pid_t urdma_peer_pid(struct urdma_peer *p);
-/* Check (key, addr, len) against an MR table: 0, the owner address of
- * addr and whether the MR is direct (not in the owner's memfd), or
- * -EINVAL (no such key), -EACCES (access, PD), -ERANGE (bounds), -EFAULT
- * (pages unmapped by the owner). */
+/* Check (key, addr, len) against an MR table, for an access through the
+ * owner's QP `via` (URDMA_VIA_LOCAL: a local SGE, which no memory window
+ * serves): 0, the owner address of addr and whether the MR is direct (not
+ * in the owner's memfd), or -EINVAL (no such key), -EACCES (access, PD),
+ * -ERANGE (bounds), -EFAULT (pages unmapped by the owner). */
 int urdma_mr_lookup(const struct urdma_shm_ctx *shm, uint32_t key,
 		    uint64_t addr, uint64_t len, uint32_t access, uint32_t pd_id,
-		    uint64_t *va, bool *direct);
+		    uint32_t via, uint64_t *va, bool *direct);
 /* Is p this process (NULL, or one of our own contexts)? */
 bool urdma_peer_is_self(const struct urdma_peer *p);
 /* Copy n bytes between local and the peer process's address remote (to
@@ -419,6 +432,17 @@ int urdma_peer_vm(struct urdma_peer *p, bool write, void *local,
  * above its index, or 0 when rnd leaves no tag (draw again).  A key is
  * never 0, which names no MR (a tag of 0 would make entry 0's key 0). */
 uint32_t urdma_mr_key(uint32_t idx, uint32_t rnd);
+/* pd_mr.c */
+uint32_t urdma_mr_new_key(uint32_t idx);
+int urdma_mr_slot_find(struct urdma_context *uctx);
+void urdma_mr_publish(struct urdma_mr *mr, uint32_t pd_id, uint32_t key);
+/* mw.c */
+struct ibv_mw *urdma_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
+int urdma_dealloc_mw(struct ibv_mw *mw);
+int urdma_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw,
+		  struct ibv_mw_bind *bind);
+enum ibv_wc_status urdma_mw_execute(struct urdma_qp *qp,
+				    const struct urdma_swqe *w);
 const struct urdma_shm_ctx *urdma_peer_shm(struct urdma_peer *p);
 void *urdma_peer_ptr(struct urdma_peer *p, uint64_t va, uint64_t *avail);
 int urdma_peer_wake(struct urdma_peer *p);

@@ -207,16 +207,17 @@ int urdma_copy_spans(struct urdma_peer *dpeer, const struct urdma_span *d,
 }
 
 int urdma_remote_lookup(const struct urdma_shm_ctx *ctx, uint32_t qp_access,
-			uint32_t pd_id, uint32_t key, uint64_t addr,
-			uint64_t len, uint32_t access, struct urdma_span *sp)
+			uint32_t pd_id, uint32_t qpn, uint32_t key,
+			uint64_t addr, uint64_t len, uint32_t access,
+			struct urdma_span *sp)
 {
 	*sp = (struct urdma_span){ .len = len };
 	if (!len) /* nothing is touched: nothing to check */
 		return 0;
 	if ((qp_access & access) != access)
 		return -EACCES; /* the responder QP does not allow it */
-	return urdma_mr_lookup(ctx, key, addr, len, access, pd_id, &sp->va,
-			       &sp->direct);
+	return urdma_mr_lookup(ctx, key, addr, len, access, pd_id, qpn,
+			       &sp->va, &sp->direct);
 }
 
 int urdma_rqe_spans(const struct urdma_shm_ctx *ctx, uint32_t pd_id,
@@ -238,8 +239,8 @@ int urdma_rqe_spans(const struct urdma_shm_ctx *ctx, uint32_t pd_id,
 		if (!length)
 			continue;
 		if (urdma_mr_lookup(ctx, lkey, addr, length,
-				    IBV_ACCESS_LOCAL_WRITE, pd_id, &d->va,
-				    &d->direct))
+				    IBV_ACCESS_LOCAL_WRITE, pd_id,
+				    URDMA_VIA_LOCAL, &d->va, &d->direct))
 			return -1;
 		d->len = length;
 		d->ptr = NULL;

@@ -99,12 +99,13 @@ uint8_t *urdma_span_ptr(const struct urdma_span *sp, uint64_t off,
  * requester works in the responder's memory, the TCP receiver in its own).
  */
 /* Resolve [addr, addr+len) under key in ctx's MRs for a remote access
- * through a QP with access flags qp_access in PD pd_id, into *sp: -EACCES
+ * through QP qpn with access flags qp_access in PD pd_id, into *sp: -EACCES
  * when the QP's flags refuse it, else as urdma_mr_lookup.  A zero-length
  * access touches nothing and is not checked. */
 int urdma_remote_lookup(const struct urdma_shm_ctx *ctx, uint32_t qp_access,
-			uint32_t pd_id, uint32_t key, uint64_t addr,
-			uint64_t len, uint32_t access, struct urdma_span *sp);
+			uint32_t pd_id, uint32_t qpn, uint32_t key,
+			uint64_t addr, uint64_t len, uint32_t access,
+			struct urdma_span *sp);
 /* Receive WR e (of a QP in PD pd_id) as spans of ctx's memory, at most
  * max_sge of them whatever e says; -1 on a bad lkey. */
 int urdma_rqe_spans(const struct urdma_shm_ctx *ctx, uint32_t pd_id,

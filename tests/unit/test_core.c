@@ -33,7 +33,7 @@ static void test_mr_lookup(void)
 {
 	struct urdma_shm_ctx *shm = calloc(1, sizeof(*shm));
 	struct urdma_shm_mr *e = &shm->mr[5];
-	uint32_t key = (0x1234u << URDMA_MR_IDX_BITS) | 5;
+	uint32_t key = (5u << URDMA_MR_TAG_BITS) | 0x1234;
 	uint64_t va = 0;
 	bool direct = true;
 
@@ -44,34 +44,42 @@ static void test_mr_lookup(void)
 	e->va = 0x7f0000;
 	atomic_store(&e->key, key);
 
-	CHECK(urdma_mr_lookup(shm, key, 0x10000, 0x1000, IBV_ACCESS_REMOTE_WRITE, 7, &va, &direct) == 0);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 0x1000, IBV_ACCESS_REMOTE_WRITE, 7, URDMA_VIA_LOCAL, &va, &direct) == 0);
 	CHECK(va == 0x7f0000 && !direct);
-	CHECK(urdma_mr_lookup(shm, key, 0x10010, 16, 0, 7, &va, &direct) == 0 && va == 0x7f0010);
+	CHECK(urdma_mr_lookup(shm, key, 0x10010, 16, 0, 7, URDMA_VIA_LOCAL, &va, &direct) == 0 && va == 0x7f0010);
 	/* a key with another tag, or a free slot */
-	CHECK(urdma_mr_lookup(shm, key ^ (1u << 20), 0x10000, 8, 0, 7, &va, &direct) == -EINVAL);
-	CHECK(urdma_mr_lookup(shm, 6, 0x10000, 8, 0, 7, &va, &direct) == -EINVAL);
-	CHECK(urdma_mr_lookup(shm, 0, 0x10000, 8, 0, 7, &va, &direct) == -EINVAL);
+	CHECK(urdma_mr_lookup(shm, key ^ (1u << 4), 0x10000, 8, 0, 7, URDMA_VIA_LOCAL, &va, &direct) == -EINVAL);
+	CHECK(urdma_mr_lookup(shm, 6, 0x10000, 8, 0, 7, URDMA_VIA_LOCAL, &va, &direct) == -EINVAL);
+	CHECK(urdma_mr_lookup(shm, 0, 0x10000, 8, 0, 7, URDMA_VIA_LOCAL, &va, &direct) == -EINVAL);
 	/* rights and PD */
-	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, IBV_ACCESS_REMOTE_READ, 7, &va, &direct) == -EACCES);
-	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 8, &va, &direct) == -EACCES);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, IBV_ACCESS_REMOTE_READ, 7, URDMA_VIA_LOCAL, &va, &direct) == -EACCES);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 8, URDMA_VIA_LOCAL, &va, &direct) == -EACCES);
 	/* bounds, including overflow */
-	CHECK(urdma_mr_lookup(shm, key, 0xffff, 8, 0, 7, &va, &direct) == -ERANGE);
-	CHECK(urdma_mr_lookup(shm, key, 0x10ff9, 8, 0, 7, &va, &direct) == -ERANGE);
-	CHECK(urdma_mr_lookup(shm, key, 0x10000, 0x1001, 0, 7, &va, &direct) == -ERANGE);
-	CHECK(urdma_mr_lookup(shm, key, 0x10008, UINT64_MAX, 0, 7, &va, &direct) == -ERANGE);
-	CHECK(urdma_mr_lookup(shm, key, UINT64_MAX - 3, 8, 0, 7, &va, &direct) == -ERANGE);
+	CHECK(urdma_mr_lookup(shm, key, 0xffff, 8, 0, 7, URDMA_VIA_LOCAL, &va, &direct) == -ERANGE);
+	CHECK(urdma_mr_lookup(shm, key, 0x10ff9, 8, 0, 7, URDMA_VIA_LOCAL, &va, &direct) == -ERANGE);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 0x1001, 0, 7, URDMA_VIA_LOCAL, &va, &direct) == -ERANGE);
+	CHECK(urdma_mr_lookup(shm, key, 0x10008, UINT64_MAX, 0, 7, URDMA_VIA_LOCAL, &va, &direct) == -ERANGE);
+	CHECK(urdma_mr_lookup(shm, key, UINT64_MAX - 3, 8, 0, 7, URDMA_VIA_LOCAL, &va, &direct) == -ERANGE);
 	/* a direct MR says so */
 	atomic_store(&e->flags, URDMA_MR_F_DIRECT);
-	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 7, &va, &direct) == 0 && direct);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 7, URDMA_VIA_LOCAL, &va, &direct) == 0 && direct);
 	/* pages the owner unmapped */
 	atomic_store(&e->flags, URDMA_MR_F_UNMAPPED);
-	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 7, &va, &direct) == -EFAULT);
-	/* keys: the tag above the index; random bits that leave no tag
-	 * (the low 32 - URDMA_MR_IDX_BITS bits zero) give none, so entry 0
-	 * never gets key 0, which no lookup accepts */
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 7, URDMA_VIA_LOCAL, &va, &direct) == -EFAULT);
+	/* a memory window: never a local key; a type 2 one (qpn set) only
+	 * through its QP */
+	atomic_store(&e->flags, URDMA_MR_F_MW);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 7, URDMA_VIA_LOCAL, &va, &direct) == -EINVAL);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 7, 0x123, &va, &direct) == 0);
+	e->qpn = 0x456;
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 7, 0x123, &va, &direct) == -EINVAL);
+	CHECK(urdma_mr_lookup(shm, key, 0x10000, 8, 0, 7, 0x456, &va, &direct) == 0);
+	/* keys: the index above the tag; random bits that leave no tag
+	 * (the low URDMA_MR_TAG_BITS bits zero) give none, so entry 0 never
+	 * gets key 0, which no lookup accepts */
 	CHECK(urdma_mr_key(5, 0x1234) == key);
-	CHECK(urdma_mr_key(0, 1u << (32 - URDMA_MR_IDX_BITS)) == 0);
-	CHECK(urdma_mr_key(7, 0xffffffffu << (32 - URDMA_MR_IDX_BITS)) == 0);
+	CHECK(urdma_mr_key(0, 1u << URDMA_MR_TAG_BITS) == 0);
+	CHECK(urdma_mr_key(7, 0xffffffffu << URDMA_MR_TAG_BITS) == 0);
 	CHECK(urdma_mr_key(0, 0x12345) != 0 && URDMA_MR_IDX(urdma_mr_key(0, 0x12345)) == 0);
 	free(shm);
 }

@@ -186,7 +186,8 @@ static int remote_span(struct urdma_qp *qp, struct urdma_swqe *w,
 
 	return urdma_remote_lookup(urdma_peer_shm(qp->peer),
 				   READ_ONCE(t->access), READ_ONCE(t->pd_id),
-				   w->rkey, w->remote_addr, len, access, sp);
+				   qp->attr.dest_qp_num, w->rkey,
+				   w->remote_addr, len, access, sp);
 }
 
 /*

@@ -284,8 +284,8 @@ static int remote_access(struct urdma_qp *qp, uint32_t stag, uint64_t to,
 {
 	return urdma_remote_lookup(qp->uctx->shm,
 				   READ_ONCE(qp->attr.qp_access_flags),
-				   to_upd(qp->ibqp.pd)->id, stag, to, len,
-				   access, sp);
+				   to_upd(qp->ibqp.pd)->id, qp->ibqp.qp_num, stag,
+				   to, len, access, sp);
 }
 
 /* Claim the next receive WR (of the QP's ring or its SRQ's), with the

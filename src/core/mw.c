@@ -1,0 +1,217 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Memory windows.  A window is an entry of the context's MR table of its
+ * own (mw->slot), flagged URDMA_MR_F_MW: peers check its rkey as they
+ * check an MR's (urdma_mr_lookup), but it is never a local key, and a
+ * type 2 window is reached only through the QP it was bound to (the
+ * entry's qpn).  Unbound or invalidated, its entry has key 0.
+ *
+ * Binding and local invalidation are work requests, run in send queue
+ * order by the engine (urdma_mw_execute from sq_run); ibv_bind_mw posts
+ * one for a type 1 window.  The rkey's low byte is the program's to
+ * choose for a type 2 bind (ibv_inc_rkey); the index above it (the MR
+ * table layout, shared.h) stays.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "core/urdma.h"
+#include "util/alloc.h"
+#include "util/log.h"
+
+#define MW_ACCESS                                                              \
+	(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |                    \
+	 IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ZERO_BASED)
+
+static inline struct urdma_mw *to_umw(struct ibv_mw *m)
+{
+	return container_of(m, struct urdma_mw, ibmw);
+}
+
+struct ibv_mw *urdma_alloc_mw(struct ibv_pd *ibpd, enum ibv_mw_type type)
+{
+	struct urdma_context *uctx = to_uctx(ibpd->context);
+	struct urdma_mw *mw;
+	int idx;
+
+	if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) {
+		errno = EINVAL;
+		return NULL;
+	}
+	mw = urdma_zalloc(sizeof(*mw));
+	if (!mw) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	pthread_mutex_lock(&uctx->lock);
+	idx = urdma_mr_slot_find(uctx);
+	if (idx < 0) {
+		pthread_mutex_unlock(&uctx->lock);
+		urdma_free(mw);
+		errno = ENOMEM;
+		return NULL;
+	}
+	/* Not published: the entry's key stays 0 until a bind. */
+	mw->slot.shm = &uctx->shm->mr[idx];
+	mw->slot.mw_flags = URDMA_MR_F_MW;
+	mw->slot.ibmr.context = ibpd->context;
+	mw->slot.ibmr.pd = ibpd;
+	uctx->mrs[idx] = &mw->slot;
+	uctx->num_mrs = idx + 1;
+	pthread_mutex_unlock(&uctx->lock);
+	mw->ibmw.context = ibpd->context;
+	mw->ibmw.pd = ibpd;
+	mw->ibmw.type = type;
+	mw->ibmw.handle = (uint32_t)idx;
+	mw->ibmw.rkey = urdma_mr_new_key((uint32_t)idx);
+	atomic_fetch_add(&to_upd(ibpd)->usecnt, 1);
+	return &mw->ibmw;
+}
+
+/* Let go of the MR it is bound to, and clear its entry.  Under
+ * uctx->lock. */
+static void mw_unbind_locked(struct urdma_mw *mw)
+{
+	atomic_store_explicit(&mw->slot.shm->key, 0, memory_order_release);
+	mw->slot.length = 0;
+	mw->slot.va = 0;
+	if (mw->bound)
+		atomic_fetch_sub(&mw->bound->num_mw, 1);
+	mw->bound = NULL;
+}
+
+int urdma_dealloc_mw(struct ibv_mw *ibmw)
+{
+	struct urdma_context *uctx = to_uctx(ibmw->context);
+	struct urdma_mw *mw = to_umw(ibmw);
+
+	pthread_mutex_lock(&uctx->lock);
+	mw_unbind_locked(mw);
+	uctx->mrs[URDMA_MR_IDX(ibmw->rkey)] = NULL;
+	pthread_mutex_unlock(&uctx->lock);
+	atomic_fetch_sub(&to_upd(ibmw->pd)->usecnt, 1);
+	urdma_free(mw);
+	return 0;
+}
+
+/* ibv_bind_mw: a type 1 window's bind, as a WR on qp (its completion is
+ * IBV_WC_BIND_MW if signaled); the window's new rkey at once. */
+int urdma_bind_mw(struct ibv_qp *ibqp, struct ibv_mw *ibmw,
+		  struct ibv_mw_bind *bind)
+{
+	struct ibv_send_wr wr = {
+		.wr_id = bind->wr_id,
+		.opcode = IBV_WR_BIND_MW,
+		.send_flags = bind->send_flags,
+		.bind_mw = { .mw = ibmw, .rkey = ibv_inc_rkey(ibmw->rkey),
+			     .bind_info = bind->bind_info },
+	};
+	int ret;
+
+	if (ibqp->context != ibmw->context)
+		return EINVAL;
+	ret = urdma_post_send_all(to_uqp(ibqp), &wr, 1);
+	if (!ret)
+		ibmw->rkey = wr.bind_mw.rkey;
+	return ret;
+}
+
+/* Find the window whose current key is rkey.  Under uctx->lock. */
+static struct urdma_mw *mw_of_key(struct urdma_context *uctx, uint32_t rkey)
+{
+	struct urdma_mr *slot = uctx->mrs[URDMA_MR_IDX(rkey)];
+
+	if (!slot || !(slot->mw_flags & URDMA_MR_F_MW))
+		return NULL;
+	return container_of(slot, struct urdma_mw, slot);
+}
+
+static enum ibv_wc_status mw_bind(struct urdma_qp *qp, struct urdma_mw *mw,
+				  const struct urdma_swqe *w)
+{
+	struct urdma_context *uctx = qp->uctx;
+	uint32_t key = w->rkey, access = w->imm_data;
+	uint64_t addr = w->sge[0].addr, len = w->compare_add;
+	struct urdma_mr *mr = NULL;
+
+	/* The window, the QP and the MR share a PD; the MR allows binding,
+	 * the range is inside it, and a window that may be written (or
+	 * take atomics) needs an MR the owner may write. */
+	if (mw->ibmw.pd != qp->ibqp.pd || (access & ~MW_ACCESS) ||
+	    URDMA_MR_IDX(key) != URDMA_MR_IDX(mw->ibmw.rkey) ||
+	    !URDMA_MR_TAG(key))
+		return IBV_WC_MW_BIND_ERR;
+	if (len) {
+		mr = uctx->mrs[URDMA_MR_IDX(w->sge[0].lkey)];
+		if (!mr || (mr->mw_flags & URDMA_MR_F_MW) ||
+		    mr->ibmr.lkey != w->sge[0].lkey ||
+		    mr->ibmr.pd != mw->ibmw.pd ||
+		    !(mr->access & IBV_ACCESS_MW_BIND) ||
+		    addr < mr->iova || len > mr->length ||
+		    addr - mr->iova > mr->length - len ||
+		    ((access & (IBV_ACCESS_REMOTE_WRITE |
+				IBV_ACCESS_REMOTE_ATOMIC)) &&
+		     !(mr->access & IBV_ACCESS_LOCAL_WRITE)))
+			return IBV_WC_MW_BIND_ERR;
+	}
+	/* A type 2 window binds once until invalidated. */
+	if (mw->ibmw.type == IBV_MW_TYPE_2 &&
+	    (mw->bound || !mr ||
+	     atomic_load(&mw->slot.shm->key) != 0))
+		return IBV_WC_MW_BIND_ERR;
+	mw_unbind_locked(mw);
+	if (!mr) /* a type 1 window bound to nothing: unbound */
+		return IBV_WC_SUCCESS;
+	mw->bound = mr;
+	atomic_fetch_add(&mr->num_mw, 1);
+	mw->slot.va = mr->va + (addr - mr->iova);
+	mw->slot.iova = access & IBV_ACCESS_ZERO_BASED ? 0 : addr;
+	mw->slot.length = len;
+	mw->slot.access = access & ~IBV_ACCESS_ZERO_BASED;
+	mw->slot.direct = mr->direct;
+	mw->slot.qpn = mw->ibmw.type == IBV_MW_TYPE_2 ? qp->ibqp.qp_num : 0;
+	urdma_mr_publish(&mw->slot, to_upd(mw->ibmw.pd)->id, key);
+	return IBV_WC_SUCCESS;
+}
+
+/* A type 2 window of the QP's PD whose current key is rkey: invalidated.
+ * Under uctx->lock. */
+static bool mw_invalidate_locked(struct urdma_context *uctx, struct ibv_pd *pd,
+				 uint32_t rkey)
+{
+	struct urdma_mw *mw = mw_of_key(uctx, rkey);
+
+	if (!mw || mw->ibmw.type != IBV_MW_TYPE_2 || mw->ibmw.pd != pd ||
+	    !mw->bound || atomic_load(&mw->slot.shm->key) != rkey)
+		return false;
+	mw_unbind_locked(mw);
+	return true;
+}
+
+/* The engine runs a BIND_MW or LOCAL_INV WR here, under sq_lock. */
+enum ibv_wc_status urdma_mw_execute(struct urdma_qp *qp,
+				    const struct urdma_swqe *w)
+{
+	struct urdma_context *uctx = qp->uctx;
+	enum ibv_wc_status st;
+
+	pthread_mutex_lock(&uctx->lock);
+	if (w->opcode == IBV_WR_BIND_MW) {
+		struct urdma_mw *mw = mw_of_key(uctx, (uint32_t)w->swap);
+
+		/* swap: the window's key when it was posted (its index) */
+		st = mw && mw->ibmw.handle == URDMA_MR_IDX((uint32_t)w->swap) ?
+			     mw_bind(qp, mw, w) :
+			     IBV_WC_MW_BIND_ERR;
+	} else {
+		st = mw_invalidate_locked(uctx, qp->ibqp.pd, w->imm_data) ?
+			     IBV_WC_SUCCESS :
+			     IBV_WC_LOC_QP_OP_ERR;
+	}
+	pthread_mutex_unlock(&uctx->lock);
+	if (st != IBV_WC_SUCCESS)
+		urdma_dbg("qp %#x: %s of rkey %#x failed", qp->ibqp.qp_num,
+			  w->opcode == IBV_WR_BIND_MW ? "bind" : "invalidate",
+			  w->opcode == IBV_WR_BIND_MW ? w->rkey : w->imm_data);
+	return st;
+}
