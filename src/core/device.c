@@ -222,6 +222,7 @@ struct ibv_context *urdma_open_device(struct ibv_device *dev)
 	if (!uctx->mrs)
 		goto err_free;
 	pthread_mutex_init(&uctx->lock, NULL);
+	pthread_mutex_init(&uctx->mw_lock, NULL);
 	pthread_mutex_init(&uctx->ev_lock, NULL);
 	list_init(&uctx->qps);
 	list_init(&uctx->cqs);

@@ -56,7 +56,9 @@ struct ibv_mw *urdma_alloc_mw(struct ibv_pd *ibpd, enum ibv_mw_type type)
 	mw->slot.mw_flags = URDMA_MR_F_MW;
 	mw->slot.ibmr.context = ibpd->context;
 	mw->slot.ibmr.pd = ibpd;
+	pthread_mutex_lock(&uctx->mw_lock);
 	uctx->mrs[idx] = &mw->slot;
+	pthread_mutex_unlock(&uctx->mw_lock);
 	uctx->num_mrs = idx + 1;
 	pthread_mutex_unlock(&uctx->lock);
 	mw->ibmw.context = ibpd->context;
@@ -69,7 +71,7 @@ struct ibv_mw *urdma_alloc_mw(struct ibv_pd *ibpd, enum ibv_mw_type type)
 }
 
 /* Let go of the MR it is bound to, and clear its entry.  Under
- * uctx->lock. */
+ * uctx->mw_lock. */
 static void mw_unbind_locked(struct urdma_mw *mw)
 {
 	atomic_store_explicit(&mw->slot.shm->key, 0, memory_order_release);
@@ -86,8 +88,10 @@ int urdma_dealloc_mw(struct ibv_mw *ibmw)
 	struct urdma_mw *mw = to_umw(ibmw);
 
 	pthread_mutex_lock(&uctx->lock);
+	pthread_mutex_lock(&uctx->mw_lock);
 	mw_unbind_locked(mw);
 	uctx->mrs[URDMA_MR_IDX(ibmw->rkey)] = NULL;
+	pthread_mutex_unlock(&uctx->mw_lock);
 	pthread_mutex_unlock(&uctx->lock);
 	atomic_fetch_sub(&to_upd(ibmw->pd)->usecnt, 1);
 	urdma_free(mw);
@@ -116,7 +120,7 @@ int urdma_bind_mw(struct ibv_qp *ibqp, struct ibv_mw *ibmw,
 	return ret;
 }
 
-/* Find the window whose current key is rkey.  Under uctx->lock. */
+/* The window of rkey's entry.  Under uctx->mw_lock. */
 static struct urdma_mw *mw_of_key(struct urdma_context *uctx, uint32_t rkey)
 {
 	struct urdma_mr *slot = uctx->mrs[URDMA_MR_IDX(rkey)];
@@ -175,7 +179,7 @@ static enum ibv_wc_status mw_bind(struct urdma_qp *qp, struct urdma_mw *mw,
 }
 
 /* A type 2 window of the QP's PD whose current key is rkey: invalidated.
- * Under uctx->lock. */
+ * Under uctx->mw_lock. */
 static bool mw_invalidate_locked(struct urdma_context *uctx, struct ibv_pd *pd,
 				 uint32_t rkey)
 {
@@ -188,14 +192,16 @@ static bool mw_invalidate_locked(struct urdma_context *uctx, struct ibv_pd *pd,
 	return true;
 }
 
-/* The engine runs a BIND_MW or LOCAL_INV WR here, under sq_lock. */
+/* The engine runs a BIND_MW or LOCAL_INV WR here, under sq_lock (outer to
+ * mw_lock; uctx->lock is not: the progress thread holds it to take
+ * sq_lock). */
 enum ibv_wc_status urdma_mw_execute(struct urdma_qp *qp,
 				    const struct urdma_swqe *w)
 {
 	struct urdma_context *uctx = qp->uctx;
 	enum ibv_wc_status st;
 
-	pthread_mutex_lock(&uctx->lock);
+	pthread_mutex_lock(&uctx->mw_lock);
 	if (w->opcode == IBV_WR_BIND_MW) {
 		struct urdma_mw *mw = mw_of_key(uctx, (uint32_t)w->swap);
 
@@ -208,7 +214,7 @@ enum ibv_wc_status urdma_mw_execute(struct urdma_qp *qp,
 			     IBV_WC_SUCCESS :
 			     IBV_WC_LOC_QP_OP_ERR;
 	}
-	pthread_mutex_unlock(&uctx->lock);
+	pthread_mutex_unlock(&uctx->mw_lock);
 	if (st != IBV_WC_SUCCESS)
 		urdma_dbg("qp %#x: %s of rkey %#x failed", qp->ibqp.qp_num,
 			  w->opcode == IBV_WR_BIND_MW ? "bind" : "invalidate",

@@ -187,7 +187,9 @@ struct ibv_mr *urdma_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length,
 	mr->va = va;
 	mr->access = access & ~IBV_ACCESS_OPTIONAL_RANGE;
 	urdma_mr_publish(mr, pd->id, urdma_mr_new_key(idx));
+	pthread_mutex_lock(&uctx->mw_lock);
 	uctx->mrs[idx] = mr;
+	pthread_mutex_unlock(&uctx->mw_lock);
 	uctx->num_mrs = idx + 1;
 	pthread_mutex_unlock(&uctx->lock);
 	atomic_fetch_add(&pd->usecnt, 1);
@@ -201,12 +203,16 @@ int urdma_dereg_mr(struct ibv_mr *ibmr)
 	struct urdma_context *uctx = to_uctx(ibmr->context);
 	struct urdma_mr *mr = to_umr(ibmr);
 
-	if (atomic_load(&mr->num_mw))
-		return EBUSY; /* memory windows are bound to it */
-
-	atomic_store_explicit(&mr->shm->key, 0, memory_order_release);
 	pthread_mutex_lock(&uctx->lock);
+	pthread_mutex_lock(&uctx->mw_lock);
+	if (atomic_load(&mr->num_mw)) { /* memory windows are bound to it */
+		pthread_mutex_unlock(&uctx->mw_lock);
+		pthread_mutex_unlock(&uctx->lock);
+		return EBUSY;
+	}
+	atomic_store_explicit(&mr->shm->key, 0, memory_order_release);
 	uctx->mrs[URDMA_MR_IDX(ibmr->lkey)] = NULL;
+	pthread_mutex_unlock(&uctx->mw_lock);
 	pthread_mutex_unlock(&uctx->lock);
 	atomic_fetch_sub(&to_upd(ibmr->pd)->usecnt, 1);
 	urdma_free(mr);
@@ -258,6 +264,7 @@ int urdma_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd,
 	/* Under the lock of urdma_mrs_check(), which reads the range and
 	 * flags the entry that urdma_mr_publish() rewrites. */
 	pthread_mutex_lock(&uctx->lock);
+	pthread_mutex_lock(&uctx->mw_lock); /* a bind reads the MR */
 	mr->direct = direct;
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
 		mr->va = va;
@@ -274,6 +281,7 @@ int urdma_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd,
 		ibmr->pd = ibpd;
 	}
 	urdma_mr_publish(mr, to_upd(ibmr->pd)->id, ibmr->lkey);
+	pthread_mutex_unlock(&uctx->mw_lock);
 	pthread_mutex_unlock(&uctx->lock);
 	return 0;
 }
@@ -290,7 +298,8 @@ void urdma_mrs_check(struct urdma_context *uctx)
 		struct urdma_mr *mr = uctx->mrs[i];
 		uint64_t s, e;
 
-		if (!mr)
+		/* A window's range moves under mw_lock; its MR is checked. */
+		if (!mr || (mr->mw_flags & URDMA_MR_F_MW))
 			continue;
 		s = PAGE_DOWN(mr->va);
 		e = PAGE_UP(mr->va + mr->length);

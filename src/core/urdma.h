@@ -70,6 +70,10 @@ struct urdma_context {
 	struct list_head qps;
 	struct list_head cqs;
 	struct list_head srqs;
+	/* Memory windows' state, innermost of all locks (sq_lock, CQ locks
+	 * are outer): mrs[] is written under lock and mw_lock both, so
+	 * either reads it. */
+	pthread_mutex_t mw_lock;
 	uint32_t ctx_id;
 	struct urdma_shm_ctx *shm; /* our MR table, read-only to peers */
 	struct urdma_host_ctx *host; /* socket and peers (host.c) */
