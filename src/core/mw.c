@@ -221,3 +221,25 @@ enum ibv_wc_status urdma_mw_execute(struct urdma_qp *qp,
 			  w->opcode == IBV_WR_BIND_MW ? w->rkey : w->imm_data);
 	return st;
 }
+
+/* A Send with Invalidate received on qp names rkey: a type 2 window bound
+ * to qp (of its PD) is invalidated, or only looked for if check_only.
+ * false if rkey names none.  Any thread; mw_lock is innermost (the
+ * receive paths hold a CQ lock or rx_lock). */
+bool urdma_mw_remote_invalidate(struct urdma_qp *qp, uint32_t rkey,
+				bool check_only)
+{
+	struct urdma_context *uctx = qp->uctx;
+	struct urdma_mw *mw;
+	bool ok;
+
+	pthread_mutex_lock(&uctx->mw_lock);
+	mw = mw_of_key(uctx, rkey);
+	ok = mw && mw->slot.qpn == qp->ibqp.qp_num && mw->bound &&
+	     mw->ibmw.type == IBV_MW_TYPE_2 && mw->ibmw.pd == qp->ibqp.pd &&
+	     atomic_load(&mw->slot.shm->key) == rkey;
+	if (ok && !check_only)
+		mw_invalidate_locked(uctx, qp->ibqp.pd, rkey);
+	pthread_mutex_unlock(&uctx->mw_lock);
+	return ok;
+}

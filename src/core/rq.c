@@ -191,17 +191,40 @@ int urdma_rqe_take(const struct urdma_shm_rqe *e, uint64_t posted_len,
 
 	if (status > IBV_WC_TM_RNDV_INCOMPLETE ||
 	    (opcode != IBV_WC_RECV && opcode != IBV_WC_RECV_RDMA_WITH_IMM) ||
-	    (flags & ~(unsigned)(IBV_WC_WITH_IMM | IBV_WC_WITH_INV)) ||
+	    (flags & ~(unsigned)(IBV_WC_WITH_IMM | IBV_WC_WITH_INV |
+				 URDMA_RQE_F_INV_DONE)) ||
 	    (status == IBV_WC_SUCCESS && opcode == IBV_WC_RECV &&
 	     len > posted_len))
 		return -1;
 	w->status = status;
 	w->opcode = opcode;
 	w->byte_len = len;
-	w->wc_flags = flags;
-	if (flags & IBV_WC_WITH_IMM)
-		w->imm_data = READ_ONCE(e->imm_data);
+	w->wc_flags = flags & ~URDMA_RQE_F_INV_DONE;
+	if (flags & (IBV_WC_WITH_IMM | IBV_WC_WITH_INV))
+		w->imm_data = READ_ONCE(e->imm_data); /* or invalidated_rkey */
 	return 0;
+}
+
+/* A received Send with Invalidate: its window is invalidated before the
+ * program sees the completion; a key that names no window of the QP makes
+ * it a protection error (the deliverer could not check our windows). */
+void urdma_rq_invalidate(struct urdma_qp *qp, const struct urdma_shm_rqe *e,
+			 struct ibv_wc *w)
+{
+	if (w->status != IBV_WC_SUCCESS || !(w->wc_flags & IBV_WC_WITH_INV) ||
+	    (READ_ONCE(e->wc_flags) & URDMA_RQE_F_INV_DONE))
+		return;
+	if (!urdma_mw_remote_invalidate(qp, w->invalidated_rkey, false)) {
+		/* The QP goes to error too, as over TCP (a Terminate): the
+		 * progress thread moves it (not under this CQ lock). */
+		urdma_warn("qp %#x: a Send with Invalidate of rkey %#x, which "
+			   "names no window of the QP", qp->ibqp.qp_num,
+			   w->invalidated_rkey);
+		w->status = IBV_WC_LOC_PROT_ERR;
+		w->wc_flags = 0;
+		if (!atomic_exchange(&qp->rq_bad, true))
+			urdma_progress_kick();
+	}
 }
 
 int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
@@ -247,6 +270,7 @@ int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
 		w->wr_id = pw->wr_id;
 		w->qp_num = qp->ibqp.qp_num;
 		w->src_qp = qp->attr.dest_qp_num;
+		urdma_rq_invalidate(qp, urdma_rq_entry(qp, poll), w);
 		poll++;
 		n++;
 	}

@@ -61,6 +61,7 @@ static void sq_complete(struct urdma_qp *qp, struct urdma_swqe *wqe,
 		[IBV_WR_ATOMIC_FETCH_AND_ADD] = IBV_WC_FETCH_ADD,
 		[IBV_WR_LOCAL_INV] = IBV_WC_LOCAL_INV,
 		[IBV_WR_BIND_MW] = IBV_WC_BIND_MW,
+		[IBV_WR_SEND_WITH_INV] = IBV_WC_SEND,
 	};
 	bool signaled = qp->sq_sig_all || (wqe->send_flags & IBV_SEND_SIGNALED);
 	struct ibv_wc wc;
@@ -447,6 +448,7 @@ static int check_send_wr(struct urdma_qp *qp, const struct ibv_send_wr *wr,
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
 	case IBV_WR_SEND:
 	case IBV_WR_SEND_WITH_IMM:
+	case IBV_WR_SEND_WITH_INV:
 	case IBV_WR_RDMA_READ:
 		break;
 	case IBV_WR_ATOMIC_CMP_AND_SWP:

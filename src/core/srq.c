@@ -393,6 +393,7 @@ void urdma_srq_drain(struct urdma_srq *srq)
 		wc.wr_id = pw->wr_id;
 		wc.qp_num = qp->ibqp.qp_num;
 		wc.src_qp = qp->attr.dest_qp_num;
+		urdma_rq_invalidate(qp, e, &wc);
 		urdma_cq_push(to_ucq(qp->ibqp.recv_cq), &wc, qp, 0);
 		srq->poll++;
 		__atomic_store_n(&srq->stuck_ns, 0, __ATOMIC_RELAXED);

@@ -277,6 +277,11 @@ struct urdma_qp {
 	struct urdma_rq_geo peer_srq_rq;
 	uint32_t peer_srq_pd;
 	uint64_t peer_va, peer_size; /* from its record */
+	/* rkeys of the peer's windows our Sends with Invalidate named, with
+	 * their entries' seq then (shm_transport.c), under sq_lock */
+#define URDMA_INV_KEYS 8
+	uint32_t inv_key[URDMA_INV_KEYS], inv_seq[URDMA_INV_KEYS];
+	uint32_t inv_next;
 	uint32_t peer_ctx;
 	bool peer_stale; /* look for the record again */
 	uint32_t peer_prod, peer_done; /* its rq_prod as last read, our rq_done */
@@ -447,6 +452,8 @@ int urdma_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw,
 		  struct ibv_mw_bind *bind);
 enum ibv_wc_status urdma_mw_execute(struct urdma_qp *qp,
 				    const struct urdma_swqe *w);
+bool urdma_mw_remote_invalidate(struct urdma_qp *qp, uint32_t rkey,
+				bool check_only);
 const struct urdma_shm_ctx *urdma_peer_shm(struct urdma_peer *p);
 void *urdma_peer_ptr(struct urdma_peer *p, uint64_t va, uint64_t *avail);
 int urdma_peer_wake(struct urdma_peer *p);
@@ -487,6 +494,8 @@ void urdma_rq_destroy(struct urdma_qp *qp);
 int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max);
 int urdma_rqe_take(const struct urdma_shm_rqe *e, uint64_t posted_len,
 		   struct ibv_wc *w);
+void urdma_rq_invalidate(struct urdma_qp *qp, const struct urdma_shm_rqe *e,
+			 struct ibv_wc *w);
 /* srq.c */
 struct ibv_srq *urdma_create_srq(struct ibv_pd *pd,
 				 struct ibv_srq_init_attr *init);

@@ -330,8 +330,8 @@ static const struct hcase cases[] = {
 	/* (g) unknown / unsupported opcodes */
 	{"unknown_opcode", K_BAD_OPCODE,
 	 TERM(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP, TERM_RDMAP_EC_OPCODE), true, false},
-	{"send_with_invalidate", K_SEND_INV,
-	 TERM(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP, TERM_RDMAP_EC_OPCODE), true, false},
+	{"send_with_invalidate_no_window", K_SEND_INV,
+	 TERM(TERM_LAYER_RDMAP, TERM_RDMAP_ET_PROT, TERM_RDMAP_EC_INV_STAG), true, false},
 	{"send_tagged", K_SEND_TAGGED,
 	 TERM(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP, TERM_RDMAP_EC_OPCODE), true, false},
 	{"write_untagged", K_WRITE_UNTAGGED,

@@ -19,7 +19,8 @@
 struct win {
 	uint64_t addr;
 	uint32_t rkey;
-	uint32_t op; /* 0 done, 1 write, 2 read */
+	uint32_t op; /* 0 done, 1 write, 2 read, 3 Send with Invalidate of
+		      * rkey then, at once, a write through it */
 	uint64_t off, len;
 };
 
@@ -111,6 +112,24 @@ static void peer(struct t_peer *p, void *arg)
 		if (!w.op)
 			break;
 		t_pattern_fill(buf, (size_t)w.len, 9);
+		if (w.op == 3) {
+			struct ibv_sge sge = { (uintptr_t)buf, 16, mr->lkey };
+			struct ibv_send_wr s = { .wr_id = 3, .sg_list = &sge, .num_sge = 1,
+						 .opcode = IBV_WR_SEND_WITH_INV,
+						 .send_flags = IBV_SEND_SIGNALED,
+						 .invalidate_rkey = w.rkey }, *bad;
+			uint64_t st1 = 1000, st2 = 1000;
+			if (!ibv_post_send(r.qp, &s, &bad) &&
+			    !t_post_send(r.qp, 4, IBV_WR_RDMA_WRITE, buf, 8, mr->lkey,
+					 IBV_SEND_SIGNALED, w.addr + w.off, w.rkey)) {
+				st1 = t_poll_one(r.send_cq, &wc, T_WAIT_MS, "the Send") ?
+					      wc.status : 1001;
+				st2 = t_poll_one(r.send_cq, &wc, T_WAIT_MS, "the write") ?
+					      wc.status : 1001;
+			}
+			t_send_u64(p, st1 | st2 << 16);
+			continue;
+		}
 		int ret = t_post_send(r.qp, 1, w.op == 1 ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ,
 				      buf, (uint32_t)w.len, mr->lkey, IBV_SEND_SIGNALED,
 				      w.addr + w.off, w.rkey);
@@ -212,6 +231,56 @@ static void type2_parent(struct t_peer *p, void *arg)
 	owner_close(&o);
 }
 
+/* A Send with Invalidate names the window: the receive says so
+ * (IBV_WC_WITH_INV, the key), and the sender's write right behind it,
+ * with the same key, is refused, as on a NIC that ran them in order. */
+static void send_inv_parent(struct t_peer *p, void *arg)
+{
+	struct owner o;
+	owner_open(p, &o, IBV_MW_TYPE_2);
+	bind2(&o, IBV_ACCESS_REMOTE_WRITE);
+	REQUIRE(t_post_recv(o.r.qp, 5, o.buf, 64, o.mr->lkey) == 0, "post_recv");
+	int st = peer_do(p, &o, 3, 0, 8, o.mw->rkey);
+	CHECK((st & 0xffff) == IBV_WC_SUCCESS, "the Send with Invalidate: %s",
+	      ibv_wc_status_str(st & 0xffff));
+	CHECK(st >> 16 == IBV_WC_REM_ACCESS_ERR, "the write after it, same key: %s",
+	      ibv_wc_status_str(st >> 16));
+	struct ibv_wc wc;
+	CHECK(t_poll_one(o.r.recv_cq, &wc, T_WAIT_MS, "the receive") &&
+	      wc.status == IBV_WC_SUCCESS && (wc.wc_flags & IBV_WC_WITH_INV) &&
+	      wc.invalidated_rkey == o.mw->rkey && wc.byte_len == 16,
+	      "the receive: %s, flags %#x, key %#x (window %#x)", ibv_wc_status_str(wc.status),
+	      wc.wc_flags, wc.invalidated_rkey, o.mw->rkey);
+	CHECK(outside_untouched(&o, 0, 16), "the refused write changed bytes");
+	peer_done(p);
+	t_barrier(p);
+	owner_close(&o);
+}
+
+/* A Send with Invalidate of a key that names no window of the QP (the
+ * MR's own): refused; the receive does not succeed and the QP goes to
+ * error (over TCP a Terminate, before the receive is taken: flushed). */
+static void send_inv_bad_parent(struct t_peer *p, void *arg)
+{
+	struct owner o;
+	owner_open(p, &o, IBV_MW_TYPE_2);
+	REQUIRE(t_post_recv(o.r.qp, 6, o.buf, 64, o.mr->lkey) == 0, "post_recv");
+	int st = peer_do(p, &o, 3, 0, 8, o.mr->rkey);
+	CHECK((st & 0xffff) != IBV_WC_SUCCESS, "a Send with Invalidate of an MR's key succeeded");
+	struct ibv_wc wc;
+	CHECK(t_poll_one(o.r.recv_cq, &wc, T_WAIT_MS, "the receive") &&
+	      (wc.status == IBV_WC_LOC_PROT_ERR || wc.status == IBV_WC_WR_FLUSH_ERR),
+	      "the receive: %s", ibv_wc_status_str(wc.status));
+	uint64_t end = t_now_ms() + T_WAIT_MS;
+	while (t_qp_state(o.r.qp) != IBV_QPS_ERR && t_now_ms() < end)
+		t_sleep_ms(5);
+	CHECK(t_qp_state(o.r.qp) == IBV_QPS_ERR, "the QP is %s, not ERR",
+	      t_qp_state_str(t_qp_state(o.r.qp)));
+	peer_done(p);
+	t_barrier(p);
+	owner_close(&o);
+}
+
 /* What is refused at posting and when the bind runs. */
 static void rules(void *arg)
 {
@@ -266,5 +335,7 @@ int main(int argc, char **argv)
 	t_pair("mw_type1_unbind", unbind_parent, peer, NULL);
 	t_pair("mw_type2_bind_and_local_inv", type2_parent, peer, NULL);
 	t_pair("mw_bind_needs_mw_bind_access", bind_err_parent, peer, NULL);
+	t_pair("mw_send_with_invalidate", send_inv_parent, peer, NULL);
+	t_pair("mw_send_with_invalidate_no_window", send_inv_bad_parent, peer, NULL);
 	return t_finish();
 }

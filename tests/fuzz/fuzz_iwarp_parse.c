@@ -79,6 +79,8 @@ static int expect_body(unsigned op)
 	case RDMAP_READ_RESP:
 	case RDMAP_SEND:
 	case RDMAP_SEND_SE:
+	case RDMAP_SEND_INV:
+	case RDMAP_SEND_SE_INV:
 		return -1;
 	case RDMAP_READ_REQ:
 		return sizeof(struct rdmap_read_req);
@@ -174,6 +176,7 @@ static void check_ok(const uint8_t *b, size_t avail, long n, bool crc,
 			    "to");
 	} else {
 		FUZZ_ASSERT(m->qn == iwarp_get32(b + 8), "qn");
+		FUZZ_ASSERT(m->stag == iwarp_get32(b + 4), "invalidate stag");
 		FUZZ_ASSERT(m->qn == (uint32_t)expect_qn(op), "op %u qn %u", op,
 			    m->qn);
 		FUZZ_ASSERT(m->msn == iwarp_get32(b + 12) && m->mo == iwarp_get32(b + 16),
@@ -337,6 +340,11 @@ static int make_seeds(struct seed *sd, int max)
 	add_fpdu(&sd[k].f, true, h, n, pattern, 1000);
 	n = iwf_untagged(h, RDMAP_SEND, true, DDP_QN_SEND, 0, 1000);
 	add_fpdu(&sd[k].f, true, h, n, pattern + 1000, 3);
+	DONE();
+
+	NEW("send_with_invalidate", true);
+	n = iwf_untagged(h, RDMAP_SEND_SE_INV, true, DDP_QN_SEND, 0, 0);
+	add_fpdu(&sd[k].f, true, h, n, pattern, 40);
 	DONE();
 
 	NEW("send_empty", true);

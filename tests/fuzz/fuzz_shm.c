@@ -128,6 +128,10 @@ static void owner(const struct choices *c, const uint8_t *ring_in, size_t len)
 		       (size_t)OWN_SIZE * urdma_rq_stride(OWN_SGE);
 	uint8_t *blk = calloc(1, bytes);
 	struct urdma_qp *qp = calloc(1, sizeof(*qp));
+	/* A context with no window: a Send with Invalidate read from the
+	 * ring names none, and its receive becomes a protection error. */
+	static struct urdma_context uctx;
+	static struct urdma_mr *mrs[URDMA_MAX_MR];
 	struct urdma_rq_wr wr[OWN_SIZE];
 	struct ibv_wc wc[OWN_SIZE + 4];
 	uint32_t posted, poll0;
@@ -139,6 +143,11 @@ static void owner(const struct choices *c, const uint8_t *ring_in, size_t len)
 		       len :
 		       bytes - sizeof(struct urdma_shm_qp));
 	qp->shm = (struct urdma_shm_qp *)blk;
+	if (!uctx.mrs) {
+		uctx.mrs = mrs;
+		pthread_mutex_init(&uctx.mw_lock, NULL);
+	}
+	qp->uctx = &uctx;
 	qp->rq = (struct urdma_rq_geo){ OWN_SIZE, urdma_rq_stride(OWN_SGE), OWN_SGE };
 	qp->rq_ring = blk + sizeof(struct urdma_shm_qp);
 	for (int i = 0; i < OWN_SIZE; i++)
@@ -169,6 +178,11 @@ static void owner(const struct choices *c, const uint8_t *ring_in, size_t len)
 				    wc[i].byte_len <= c->wr_len[slot],
 			    "a %u-byte Send in a %u-byte receive", wc[i].byte_len,
 			    c->wr_len[slot]);
+		FUZZ_ASSERT(!(wc[i].status == IBV_WC_SUCCESS &&
+			      (wc[i].wc_flags & IBV_WC_WITH_INV) &&
+			      !(READ_ONCE(urdma_rq_entry(qp, poll0 + i)->wc_flags) &
+				URDMA_RQE_F_INV_DONE)),
+			    "an invalidation reported done with no window");
 	}
 	n_harvested += n > 0;
 	n_bad += atomic_load(&qp->rq_bad);

@@ -141,6 +141,7 @@ static int shm_connect(struct urdma_qp *qp, const struct ibv_qp_attr *attr)
 
 static void shm_disconnect(struct urdma_qp *qp)
 {
+	qp->inv_next = 0;
 	qp->peer_qp = NULL;
 	qp->peer_ring = NULL;
 	qp->peer_srq = NULL;
@@ -178,11 +179,75 @@ static void responder_notify(struct urdma_qp *qp, bool solicited)
 	}
 }
 
+/* The completion flags of a receive that w fills. */
+static uint32_t rx_flags(const struct urdma_swqe *w)
+{
+	switch (w->opcode) {
+	case IBV_WR_SEND:
+		return 0;
+	case IBV_WR_SEND_WITH_INV:
+		return IBV_WC_WITH_INV; /* imm_data: the rkey */
+	default:
+		return IBV_WC_WITH_IMM;
+	}
+}
+
+/*
+ * A Send with Invalidate delivered: the responder's owner invalidates the
+ * window when it takes the completion (its MR table is not ours to
+ * write), which may be after our next WR.  Until then our own accesses
+ * refuse that key, as a NIC that ran the invalidation in order would: the
+ * key and the entry's seq as they were; a bind since changes seq.
+ */
+static void inv_note(struct urdma_qp *qp, const struct urdma_swqe *w)
+{
+	const struct urdma_shm_mr *e;
+
+	if (w->opcode != IBV_WR_SEND_WITH_INV)
+		return;
+	e = &urdma_peer_shm(qp->peer)->mr[URDMA_MR_IDX(w->imm_data)];
+	qp->inv_key[qp->inv_next % URDMA_INV_KEYS] = w->imm_data;
+	qp->inv_seq[qp->inv_next % URDMA_INV_KEYS] =
+		atomic_load_explicit(&e->seq, memory_order_acquire);
+	qp->inv_next++;
+}
+
+static bool inv_noted(struct urdma_qp *qp, uint32_t rkey)
+{
+	const struct urdma_shm_mr *e =
+		&urdma_peer_shm(qp->peer)->mr[URDMA_MR_IDX(rkey)];
+
+	for (uint32_t i = 0; i < URDMA_INV_KEYS && i < qp->inv_next; i++)
+		if (qp->inv_key[i] == rkey &&
+		    qp->inv_seq[i] == atomic_load_explicit(
+					      &e->seq, memory_order_acquire))
+			return true;
+	return false;
+}
+
+/* Does the rkey a Send with Invalidate names belong to a window bound to
+ * the responder QP?  Read in its MR table, as a responder would check it
+ * before taking a receive; the owner invalidates it (rq.c). */
+static bool inv_valid(struct urdma_qp *qp, uint32_t rkey)
+{
+	const struct urdma_shm_mr *e =
+		&urdma_peer_shm(qp->peer)->mr[URDMA_MR_IDX(rkey)];
+
+	return rkey &&
+	       atomic_load_explicit(&e->key, memory_order_acquire) == rkey &&
+	       (atomic_load_explicit(&e->flags, memory_order_relaxed) &
+		URDMA_MR_F_MW) &&
+	       READ_ONCE(e->qpn) == qp->attr.dest_qp_num;
+}
+
 /* Resolve [addr, addr+len) under rkey in the responder's memory. */
 static int remote_span(struct urdma_qp *qp, struct urdma_swqe *w,
 		       uint32_t access, uint64_t len, struct urdma_span *sp)
 {
 	struct urdma_shm_qp *t = qp->peer_qp;
+
+	if (qp->inv_next && len && inv_noted(qp, w->rkey))
+		return -EINVAL;
 
 	return urdma_remote_lookup(urdma_peer_shm(qp->peer),
 				   READ_ONCE(t->access), READ_ONCE(t->pd_id),
@@ -260,11 +325,12 @@ static enum urdma_tx deliver_srq(struct urdma_qp *qp, struct urdma_swqe *w,
 	e->opcode = is_write ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
 	e->byte_len = w->byte_len;
 	e->imm_data = w->imm_data;
-	e->wc_flags = w->opcode != IBV_WR_SEND ? IBV_WC_WITH_IMM : 0;
+	e->wc_flags = rx_flags(w);
 	e->src_qp = qp->ibqp.qp_num;
 	urdma_srq_publish(e, idx, qp->attr.dest_qp_num);
 	urdma_rq_idle(t);
 	responder_notify(qp, w->send_flags & IBV_SEND_SOLICITED);
+	inv_note(qp, w);
 	*status = IBV_WC_SUCCESS;
 	return URDMA_TX_DONE;
 
@@ -291,7 +357,6 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 	struct urdma_shm_qp *t = qp->peer_qp;
 	struct urdma_span local[URDMA_MAX_SGE + 1], dst[URDMA_MAX_SGE + 1];
 	enum ibv_wc_status rx_status = IBV_WC_SUCCESS;
-	bool with_imm = w->opcode != IBV_WR_SEND;
 	bool is_write = w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
 	struct urdma_shm_rqe *e;
 	uint32_t done, prod;
@@ -307,6 +372,13 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 		atomic_store(&t->rnr_waiter, 1);
 		urdma_rq_idle(t);
 		return URDMA_TX_NOT_READY;
+	}
+	if (w->opcode == IBV_WR_SEND_WITH_INV && !inv_valid(qp, w->imm_data)) {
+		/* No receive taken: both QPs to ERR, the receives flushed. */
+		urdma_rq_idle(t);
+		*status = IBV_WC_REM_ACCESS_ERR;
+		responder_error(qp);
+		return URDMA_TX_DONE;
 	}
 	if (qp->peer_srq)
 		return deliver_srq(qp, w, local, nl, status);
@@ -374,12 +446,13 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 	e->opcode = is_write ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
 	e->byte_len = w->byte_len;
 	e->imm_data = w->imm_data;
-	e->wc_flags = with_imm ? IBV_WC_WITH_IMM : 0;
+	e->wc_flags = rx_flags(w);
 	e->src_qp = qp->ibqp.qp_num;
 	atomic_store_explicit(&t->rq_done, done + 1, memory_order_release);
 	qp->peer_done = done + 1;
 	urdma_rq_idle(t);
 	responder_notify(qp, w->send_flags & IBV_SEND_SOLICITED);
+	inv_note(qp, w);
 	*status = IBV_WC_SUCCESS;
 	return URDMA_TX_DONE;
 
@@ -420,6 +493,7 @@ static enum urdma_tx shm_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	switch (w->opcode) {
 	case IBV_WR_SEND:
 	case IBV_WR_SEND_WITH_IMM:
+	case IBV_WR_SEND_WITH_INV:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
 		return deliver(qp, w, status);
 	default:

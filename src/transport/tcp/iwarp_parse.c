@@ -14,6 +14,8 @@ static int op_hdr_len(unsigned op)
 	case RDMAP_READ_RESP:
 	case RDMAP_SEND:
 	case RDMAP_SEND_SE:
+	case RDMAP_SEND_INV:
+	case RDMAP_SEND_SE_INV:
 		return -1;
 	case RDMAP_READ_REQ:
 		return sizeof(struct rdmap_read_req);
@@ -27,7 +29,7 @@ static int op_hdr_len(unsigned op)
 	case RDMAP_ATOMIC_RESP:
 		return sizeof(struct rdmap_atomic_resp);
 	default:
-		return -3; /* Send with Invalidate and reserved: not supported */
+		return -3; /* reserved */
 	}
 }
 
@@ -105,7 +107,9 @@ long iwarp_parse_fpdu(const uint8_t *buf, size_t avail, bool crc,
 		m->to = iwarp_get64(buf + 8);
 		m->qn = m->msn = m->mo = 0;
 	} else {
-		m->stag = 0;
+		/* RDMAP's Invalidate STag (Send with Invalidate), in DDP's
+		 * field reserved for the ULP */
+		m->stag = iwarp_get32(buf + 4);
 		m->to = 0;
 		m->qn = iwarp_get32(buf + 8);
 		m->msn = iwarp_get32(buf + 12);

@@ -18,7 +18,7 @@ struct iwarp_msg {
 	uint8_t opcode; /* enum rdmap_opcode */
 	bool tagged;
 	bool last; /* DDP L flag */
-	/* tagged */
+	/* tagged; untagged: the Invalidate STag of a Send with Invalidate */
 	uint32_t stag;
 	uint64_t to;
 	/* untagged */

@@ -275,6 +275,8 @@ void tx_unlock(struct tcp_conn *c);
 int tx_all(struct tcp_conn *c, struct iovec *iov, int n, bool more);
 int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		  const struct urdma_span *sp, int nsp, uint64_t len);
+uint32_t tcp_put_untagged_inv(uint8_t *h, unsigned op, uint32_t qn,
+			      uint32_t msn, uint32_t inval_stag);
 uint32_t tcp_put_untagged(uint8_t *h, unsigned op, uint32_t qn,
 			     uint32_t msn);
 uint32_t tcp_put_tagged(uint8_t *h, unsigned op, uint32_t stag,

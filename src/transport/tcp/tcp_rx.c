@@ -320,8 +320,8 @@ static bool rcv_claim(struct tcp_conn *c)
 /* Complete the claimed receive, with the ring entered (unless the owner
  * flushed it meanwhile: an SRQ's entry is always completed). */
 static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
-			 enum ibv_wc_opcode op, uint64_t byte_len, bool imm,
-			 uint32_t imm_data)
+			 enum ibv_wc_opcode op, uint64_t byte_len,
+			 uint32_t wc_flags, uint32_t imm_data)
 {
 	struct urdma_shm_rqe *e = c->rcv_e;
 
@@ -332,7 +332,7 @@ static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
 	e->opcode = op;
 	e->byte_len = byte_len;
 	e->imm_data = imm_data;
-	e->wc_flags = imm ? IBV_WC_WITH_IMM : 0;
+	e->wc_flags = wc_flags; /* imm_data: immediate or invalidated rkey */
 	e->src_qp = c->peer_qpn;
 	c->rx_recvs++;
 	if (c->rcv_srq)
@@ -348,7 +348,7 @@ static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
 void rcv_abandon(struct tcp_conn *c)
 {
 	if (c->rcv_active && c->rcv_srq)
-		rcv_complete(c, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0, false, 0);
+		rcv_complete(c, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0, 0, 0);
 }
 
 /* A Send segment: the first claims a receive WR, each is placed at its
@@ -358,11 +358,23 @@ static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
 		   uint32_t *term)
 {
 	struct urdma_qp *qp = c->qp;
-	bool done = false, solicited = m->opcode == RDMAP_SEND_SE;
+	bool done = false, solicited = m->opcode == RDMAP_SEND_SE ||
+				       m->opcode == RDMAP_SEND_SE_INV;
+	bool inv = m->opcode == RDMAP_SEND_INV ||
+		   m->opcode == RDMAP_SEND_SE_INV;
 	int r = RX_OK;
 
 	if (!rq_enter(qp))
 		return RX_OK; /* the QP left RTR: the stream is closing */
+	/* An STag to invalidate that names no window of the QP: refused
+	 * before a receive is taken (RFC 5040 7.2). */
+	if (inv && !m->mo && !c->rcv_active &&
+	    !urdma_mw_remote_invalidate(qp, m->stag, true)) {
+		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_PROT,
+				  TERM_RDMAP_EC_INV_STAG, TERM_HDRCT_D);
+		r = RX_ERR;
+		goto out;
+	}
 	if (!m->mo && !c->rcv_active) {
 		if (!rcv_claim(c)) {
 			r = RX_STALL; /* like RNR: hold the stream */
@@ -377,7 +389,7 @@ static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
 				    c->rcv_e, c->rcv_sp, &c->rcv_n,
 				    &c->rcv_room)) {
 			rcv_complete(c, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0,
-				     false, 0);
+				     0, 0);
 			*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
 					  TERM_RDMAP_EC_UNSPEC, TERM_HDRCT_D);
 			r = RX_ERR;
@@ -391,7 +403,7 @@ static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
 		goto out;
 	}
 	if (c->rcv_got + m->len > c->rcv_room) {
-		rcv_complete(c, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0, false, 0);
+		rcv_complete(c, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0, 0, 0);
 		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
 				  TERM_DDP_EC_U_TOO_LONG, TERM_HDRCT_D);
 		r = RX_ERR;
@@ -399,7 +411,7 @@ static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
 	}
 	if (m->len && spans_put(c->rcv_sp, c->rcv_n, c->rcv_got, m->payload,
 				m->len)) {
-		rcv_complete(c, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0, false, 0);
+		rcv_complete(c, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0, 0, 0);
 		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
 				  TERM_RDMAP_EC_UNSPEC, TERM_HDRCT_D);
 		r = RX_ERR;
@@ -408,8 +420,26 @@ static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
 	c->rcv_got += m->len;
 	if (!m->last)
 		goto out;
-	rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV, c->rcv_got,
-		     c->imm_pending, c->imm);
+	if (inv) {
+		/* Send with Invalidate: ours to do, before the completion;
+		 * a key that names no window of the QP is a protection
+		 * error. */
+		if (urdma_mw_remote_invalidate(qp, m->stag, false)) {
+			rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV, c->rcv_got,
+				     IBV_WC_WITH_INV | URDMA_RQE_F_INV_DONE,
+				     m->stag);
+		} else {
+			/* RFC 5040 7.2: an invalid STag to invalidate */
+			rcv_complete(c, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0, 0,
+				     0);
+			*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_PROT,
+					  TERM_RDMAP_EC_INV_STAG, TERM_HDRCT_D);
+			r = RX_ERR;
+		}
+	} else {
+		rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV, c->rcv_got,
+			     c->imm_pending ? IBV_WC_WITH_IMM : 0, c->imm);
+	}
 	c->imm_pending = false;
 	c->rx_msn[DDP_QN_SEND]++;
 out_done:
@@ -447,7 +477,7 @@ static int rx_imm(struct tcp_conn *c, const struct iwarp_msg *m,
 		return RX_STALL;
 	}
 	rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM,
-		     c->last_write_len, true, m->u.imm.imm);
+		     c->last_write_len, IBV_WC_WITH_IMM, m->u.imm.imm);
 	urdma_rq_idle(qp->shm);
 	rq_note(c, m->opcode == RDMAP_IMM_SE);
 	c->rx_msn[DDP_QN_SEND]++;
@@ -717,6 +747,8 @@ static int rx_msg(struct tcp_conn *c, const struct iwarp_msg *m,
 	switch (m->opcode) {
 	case RDMAP_SEND:
 	case RDMAP_SEND_SE:
+	case RDMAP_SEND_INV:
+	case RDMAP_SEND_SE_INV:
 		return rx_send(c, m, term);
 	case RDMAP_IMM:
 	case RDMAP_IMM_SE:

@@ -197,7 +197,9 @@ static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
 			  struct urdma_swqe *w, const struct urdma_span *sp,
 			  int n)
 {
-	bool send = w->opcode == IBV_WR_SEND || w->opcode == IBV_WR_SEND_WITH_IMM;
+	bool send = w->opcode == IBV_WR_SEND ||
+		    w->opcode == IBV_WR_SEND_WITH_IMM ||
+		    w->opcode == IBV_WR_SEND_WITH_INV;
 	bool imm = w->opcode == IBV_WR_SEND_WITH_IMM ||
 		   w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
 	bool se = w->send_flags & IBV_SEND_SOLICITED;
@@ -228,8 +230,15 @@ static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
 
 			ret = tx_ctrl(c, RDMAP_IMM, DDP_QN_SEND, &im, sizeof(im));
 		}
-		hl = tcp_put_untagged(h, se ? RDMAP_SEND_SE : RDMAP_SEND, DDP_QN_SEND,
-				  c->tx_msn[DDP_QN_SEND]++);
+		if (w->opcode == IBV_WR_SEND_WITH_INV)
+			hl = tcp_put_untagged_inv(
+				h, se ? RDMAP_SEND_SE_INV : RDMAP_SEND_INV,
+				DDP_QN_SEND, c->tx_msn[DDP_QN_SEND]++,
+				w->imm_data);
+		else
+			hl = tcp_put_untagged(h, se ? RDMAP_SEND_SE : RDMAP_SEND,
+					      DDP_QN_SEND,
+					      c->tx_msn[DDP_QN_SEND]++);
 	} else {
 		hl = tcp_put_tagged(h, RDMAP_WRITE, w->rkey, w->remote_addr);
 	}

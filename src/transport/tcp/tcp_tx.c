@@ -608,9 +608,16 @@ int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 uint32_t tcp_put_untagged(uint8_t *h, unsigned op, uint32_t qn,
 			     uint32_t msn)
 {
+	return tcp_put_untagged_inv(h, op, qn, msn, 0);
+}
+
+uint32_t tcp_put_untagged_inv(uint8_t *h, unsigned op, uint32_t qn,
+			      uint32_t msn, uint32_t inval_stag)
+{
 	struct ddp_untagged_hdr u = {
 		.ddp_ctrl = DDP_VERSION,
 		.rdmap_ctrl = RDMAP_VERSION << RDMAP_RV_SHIFT | op,
+		.inval_stag = htonl(inval_stag),
 		.qn = htonl(qn),
 		.msn = htonl(msn),
 	};
