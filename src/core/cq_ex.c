@@ -160,8 +160,12 @@ struct ibv_cq_ex *urdma_create_cq_ex(struct ibv_context *context,
 	}
 	if (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS)
 		flags = attr->flags;
-	/* A parent domain is what this mask passes; urdma has none yet. */
-	if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) && attr->parent_domain) {
+	/* This mask passes a parent domain (ibv_alloc_parent_domain), of
+	 * this context; a plain PD is not one.  Nothing of the CQ depends on
+	 * it: urdma has no allocator to take from it. */
+	if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) &&
+	    (!attr->parent_domain || attr->parent_domain->context != context ||
+	     !to_upd(attr->parent_domain)->pd)) {
 		errno = EINVAL;
 		return NULL;
 	}

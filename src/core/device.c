@@ -234,6 +234,9 @@ struct ibv_context *urdma_open_device(struct ibv_device *dev)
 	uctx->vctx.create_cq_ex = urdma_create_cq_ex;
 	uctx->vctx.create_qp_ex = urdma_create_qp_ex;
 	uctx->vctx.create_srq_ex = urdma_create_srq_ex;
+	uctx->vctx.alloc_td = urdma_alloc_td;
+	uctx->vctx.dealloc_td = urdma_dealloc_td;
+	uctx->vctx.alloc_parent_domain = urdma_alloc_parent_domain;
 	uctx->vctx.priv = (struct verbs_ex_private *)&cm_link;
 	uctx->vctx.context.device = dev;
 	uctx->vctx.context.cmd_fd = -1;

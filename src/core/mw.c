@@ -28,6 +28,12 @@ static inline struct urdma_mw *to_umw(struct ibv_mw *m)
 	return container_of(m, struct urdma_mw, ibmw);
 }
 
+/* One PD, whether named by itself or by a parent domain of it. */
+static bool same_pd(struct ibv_pd *a, struct ibv_pd *b)
+{
+	return to_upd(a)->id == to_upd(b)->id;
+}
+
 struct ibv_mw *urdma_alloc_mw(struct ibv_pd *ibpd, enum ibv_mw_type type)
 {
 	struct urdma_context *uctx = to_uctx(ibpd->context);
@@ -141,7 +147,7 @@ static enum ibv_wc_status mw_bind(struct urdma_qp *qp, struct urdma_mw *mw,
 	/* The window, the QP and the MR share a PD; the MR allows binding,
 	 * the range is inside it, and a window that may be written (or
 	 * take atomics) needs an MR the owner may write. */
-	if (mw->ibmw.pd != qp->ibqp.pd || (access & ~MW_ACCESS) ||
+	if (!same_pd(mw->ibmw.pd, qp->ibqp.pd) || (access & ~MW_ACCESS) ||
 	    URDMA_MR_IDX(key) != URDMA_MR_IDX(mw->ibmw.rkey) ||
 	    !URDMA_MR_TAG(key))
 		return IBV_WC_MW_BIND_ERR;
@@ -149,7 +155,7 @@ static enum ibv_wc_status mw_bind(struct urdma_qp *qp, struct urdma_mw *mw,
 		mr = uctx->mrs[URDMA_MR_IDX(w->sge[0].lkey)];
 		if (!mr || (mr->mw_flags & URDMA_MR_F_MW) ||
 		    mr->ibmr.lkey != w->sge[0].lkey ||
-		    mr->ibmr.pd != mw->ibmw.pd ||
+		    !same_pd(mr->ibmr.pd, mw->ibmw.pd) ||
 		    !(mr->access & IBV_ACCESS_MW_BIND) ||
 		    addr < mr->iova || len > mr->length ||
 		    addr - mr->iova > mr->length - len ||
@@ -185,7 +191,7 @@ static bool mw_invalidate_locked(struct urdma_context *uctx, struct ibv_pd *pd,
 {
 	struct urdma_mw *mw = mw_of_key(uctx, rkey);
 
-	if (!mw || mw->ibmw.type != IBV_MW_TYPE_2 || mw->ibmw.pd != pd ||
+	if (!mw || mw->ibmw.type != IBV_MW_TYPE_2 || !same_pd(mw->ibmw.pd, pd) ||
 	    !mw->bound || atomic_load(&mw->slot.shm->key) != rkey)
 		return false;
 	mw_unbind_locked(mw);
@@ -236,7 +242,7 @@ bool urdma_mw_remote_invalidate(struct urdma_qp *qp, uint32_t rkey,
 	pthread_mutex_lock(&uctx->mw_lock);
 	mw = mw_of_key(uctx, rkey);
 	ok = mw && mw->slot.qpn == qp->ibqp.qp_num && mw->bound &&
-	     mw->ibmw.type == IBV_MW_TYPE_2 && mw->ibmw.pd == qp->ibqp.pd &&
+	     mw->ibmw.type == IBV_MW_TYPE_2 && same_pd(mw->ibmw.pd, qp->ibqp.pd) &&
 	     atomic_load(&mw->slot.shm->key) == rkey;
 	if (ok && !check_only)
 		mw_invalidate_locked(uctx, qp->ibqp.pd, rkey);

@@ -39,8 +39,84 @@ int urdma_dealloc_pd(struct ibv_pd *ibpd)
 
 	if (atomic_load(&pd->usecnt))
 		return EBUSY;
+	if (pd->pd) /* a parent domain lets go of its PD and TD */
+		atomic_fetch_sub(&pd->pd->usecnt, 1);
+	if (pd->td)
+		atomic_fetch_sub(&pd->td->usecnt, 1);
 	urdma_free(pd);
 	return 0;
+}
+
+struct ibv_td *urdma_alloc_td(struct ibv_context *context,
+			      struct ibv_td_init_attr *attr)
+{
+	struct urdma_td *td;
+
+	if (attr->comp_mask) {
+		errno = EINVAL;
+		return NULL;
+	}
+	td = urdma_zalloc(sizeof(*td));
+	if (!td) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	td->ibtd.context = context;
+	return &td->ibtd;
+}
+
+int urdma_dealloc_td(struct ibv_td *ibtd)
+{
+	struct urdma_td *td = container_of(ibtd, struct urdma_td, ibtd);
+
+	if (atomic_load(&td->usecnt))
+		return EBUSY; /* a parent domain uses it */
+	urdma_free(td);
+	return 0;
+}
+
+/*
+ * A parent domain: a PD to use wherever its PD would be, whose objects
+ * belong to that PD (same id).  Custom allocators are refused: urdma's
+ * buffers are its own memory (rings that grow, shared blocks), and no
+ * resource type outside a provider's own (mlx5dv) names them.
+ */
+struct ibv_pd *urdma_alloc_parent_domain(struct ibv_context *context,
+					 struct ibv_parent_domain_init_attr *a)
+{
+	struct urdma_pd *pd, *base;
+
+	if (!a->pd || a->pd->context != context ||
+	    (a->td && a->td->context != context) ||
+	    (a->comp_mask & ~(uint32_t)(IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
+				      IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT))) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (a->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	base = to_upd(a->pd);
+	if (base->pd) { /* a parent domain of a parent domain */
+		errno = EINVAL;
+		return NULL;
+	}
+	pd = urdma_zalloc(sizeof(*pd));
+	if (!pd) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	pd->ibpd.context = context;
+	pd->ibpd.handle = base->id;
+	pd->id = base->id;
+	pd->pd = base;
+	atomic_fetch_add(&base->usecnt, 1);
+	if (a->td) {
+		pd->td = container_of(a->td, struct urdma_td, ibtd);
+		atomic_fetch_add(&pd->td->usecnt, 1);
+	}
+	return &pd->ibpd;
 }
 
 /* Access bits we honour; the optional range (relaxed ordering...) is

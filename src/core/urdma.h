@@ -90,7 +90,16 @@ struct urdma_context {
 
 struct urdma_pd {
 	struct ibv_pd ibpd;
-	uint32_t id;
+	uint32_t id; /* a parent domain has its PD's: objects made with it
+		      * belong to that PD */
+	_Atomic int usecnt;
+	struct urdma_pd *pd;	/* a parent domain: the PD it stands for */
+	struct urdma_td *td;	/* and its thread domain, or NULL */
+};
+
+/* A thread domain: a promise of one thread, which urdma does not need. */
+struct urdma_td {
+	struct ibv_td ibtd;
 	_Atomic int usecnt;
 };
 
@@ -442,6 +451,11 @@ int urdma_peer_vm(struct urdma_peer *p, bool write, void *local,
  * never 0, which names no MR (a tag of 0 would make entry 0's key 0). */
 uint32_t urdma_mr_key(uint32_t idx, uint32_t rnd);
 /* pd_mr.c */
+struct ibv_td *urdma_alloc_td(struct ibv_context *context,
+			      struct ibv_td_init_attr *attr);
+int urdma_dealloc_td(struct ibv_td *td);
+struct ibv_pd *urdma_alloc_parent_domain(struct ibv_context *context,
+					 struct ibv_parent_domain_init_attr *a);
 uint32_t urdma_mr_new_key(uint32_t idx);
 int urdma_mr_slot_find(struct urdma_context *uctx);
 void urdma_mr_publish(struct urdma_mr *mr, uint32_t pd_id, uint32_t key);

@@ -466,6 +466,80 @@ static void objects_off_malloc_pages(void *arg)
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
 }
 
+/* A thread domain and a parent domain: the parent stands for its PD
+ * (MRs, QPs, an extended CQ made with it), keeps PD and TD busy, and
+ * refuses custom allocators (urdma's buffers are its own). */
+static void td_parent_domain(void *arg)
+{
+	struct ibv_context *ctx = t_open_first_device();
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	REQUIRE(pd, "ibv_alloc_pd");
+	struct ibv_td_init_attr ta = { 0 };
+	struct ibv_td *td = ibv_alloc_td(ctx, &ta);
+	REQUIRE(td, "ibv_alloc_td: %s", strerror(errno));
+	ta.comp_mask = 1;
+	errno = 0;
+	CHECK(!ibv_alloc_td(ctx, &ta) && errno == EINVAL, "a TD with an unknown comp_mask");
+	int cookie;
+	struct ibv_parent_domain_init_attr pa = {
+		.pd = pd, .td = td, .comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT,
+		.pd_context = &cookie,
+	};
+	struct ibv_pd *par = ibv_alloc_parent_domain(ctx, &pa);
+	REQUIRE(par, "ibv_alloc_parent_domain: %s", strerror(errno));
+	CHECK(par->context == ctx, "the parent domain's context");
+	struct ibv_parent_domain_init_attr bad = pa;
+	bad.comp_mask |= IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS;
+	errno = 0;
+	CHECK(!ibv_alloc_parent_domain(ctx, &bad) && errno == EOPNOTSUPP,
+	      "custom allocators: errno %d, expected EOPNOTSUPP", errno);
+	bad = pa;
+	bad.pd = par;
+	errno = 0;
+	CHECK(!ibv_alloc_parent_domain(ctx, &bad) && errno == EINVAL,
+	      "a parent domain of a parent domain: errno %d", errno);
+	CHECK(ibv_dealloc_pd(pd) == EBUSY, "the PD of a parent domain freed");
+	CHECK(ibv_dealloc_td(td) == EBUSY, "the TD of a parent domain freed");
+
+	char *buf = t_alloc(BUF_LEN);
+	struct ibv_mr *mr = ibv_reg_mr(par, buf, BUF_LEN, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr && mr->pd == par, "ibv_reg_mr on a parent domain: %s", strerror(errno));
+	struct ibv_cq_init_attr_ex ca = { .cqe = 16, .comp_mask = IBV_CQ_INIT_ATTR_MASK_PD,
+					  .parent_domain = par };
+	struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &ca);
+	CHECK(cqx, "ibv_create_cq_ex with a parent domain: %s", strerror(errno));
+	ca.parent_domain = pd;
+	errno = 0;
+	CHECK(!ibv_create_cq_ex(ctx, &ca) && errno == EINVAL,
+	      "IBV_CQ_INIT_ATTR_MASK_PD with a plain PD: errno %d", errno);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	REQUIRE(cq, "ibv_create_cq");
+	struct ibv_qp_init_attr qa = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+				       .cap = { .max_send_wr = 4, .max_recv_wr = 4,
+						.max_send_sge = 1, .max_recv_sge = 1 } };
+	struct ibv_qp *qp = ibv_create_qp(par, &qa);
+	CHECK(qp && qp->pd == par, "ibv_create_qp on a parent domain: %s", strerror(errno));
+	/* A receive with an MR of the PD itself: one PD. */
+	struct ibv_mr *mr2 = ibv_reg_mr(pd, buf, BUF_LEN, IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(mr2, "ibv_reg_mr");
+	if (qp) {
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
+		CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				    IBV_QP_ACCESS_FLAGS) == 0, "to INIT");
+		CHECK(t_post_recv(qp, 1, buf, 64, mr2->lkey) == 0, "post_recv");
+		CHECK(ibv_dealloc_pd(par) == EBUSY, "a parent domain with a QP freed");
+		CHECK(ibv_destroy_qp(qp) == 0, "ibv_destroy_qp");
+	}
+	CHECK(ibv_dereg_mr(mr2) == 0 && (!mr || ibv_dereg_mr(mr) == 0), "ibv_dereg_mr");
+	if (cqx)
+		CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)) == 0, "ibv_destroy_cq");
+	CHECK(ibv_destroy_cq(cq) == 0, "ibv_destroy_cq");
+	CHECK(ibv_dealloc_pd(par) == 0, "ibv_dealloc_pd(parent domain)");
+	CHECK(ibv_dealloc_td(td) == 0 && ibv_dealloc_pd(pd) == 0, "TD and PD freed after");
+	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
+	free(buf);
+}
+
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
@@ -481,5 +555,6 @@ int main(int argc, char **argv)
 	t_case("cq_busy", cq_busy, NULL);
 	t_case("comp_channel", comp_channel, NULL);
 	t_case("objects_off_malloc_pages", objects_off_malloc_pages, NULL);
+	t_case("td_and_parent_domain", td_parent_domain, NULL);
 	return t_finish();
 }
