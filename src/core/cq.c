@@ -80,18 +80,92 @@ static void channel_push(struct urdma_channel *ch, struct urdma_cq *cq)
 		urdma_err("completion channel write: %m");
 }
 
-/* Called with cq->lock held. */
-static void cq_fire_locked(struct urdma_cq *cq)
+/* Completions the CQ holds (its ring, its QPs' receive rings).  Under
+ * cq->lock. */
+static uint32_t cq_ready_locked(struct urdma_cq *cq)
+{
+	uint32_t n = cq->tail - cq->head;
+	struct urdma_qp *qp;
+
+	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
+		n += urdma_rq_ready(qp);
+	return n;
+}
+
+/*
+ * Moderation: is the event of an armed CQ held back?  Until mod_count
+ * completions are there, or mod_period_ns has passed since the first
+ * (the progress thread fires it then: mod_due).  While held, the QPs'
+ * receive rings stay armed, so each receive looks again.  Errors and a
+ * solicited-only arm are not held.  Under cq->lock.
+ */
+static bool cq_held_locked(struct urdma_cq *cq, bool error)
+{
+	uint64_t now, due;
+	struct urdma_qp *qp;
+
+	if (error || cq->armed != URDMA_NOTIFY_ANY ||
+	    (cq->mod_count <= 1 && !cq->mod_period_ns))
+		return false;
+	now = urdma_now_ns();
+	due = atomic_load(&cq->mod_due);
+	if ((due && now >= due) ||
+	    (cq->mod_count && cq_ready_locked(cq) >= cq->mod_count))
+		return false;
+	if (!due && cq->mod_period_ns) {
+		atomic_store(&cq->mod_due, now + cq->mod_period_ns);
+		urdma_progress_by(now + cq->mod_period_ns);
+	}
+	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
+		atomic_store(&qp->shm->notify, cq->armed);
+	return true;
+}
+
+/* Called with cq->lock held; error: an error completion is the cause. */
+static void cq_fire_locked_why(struct urdma_cq *cq, bool error)
 {
 	struct urdma_qp *qp;
 
-	if (!cq->armed)
+	if (!cq->armed || cq_held_locked(cq, error))
 		return;
+	atomic_store(&cq->mod_due, 0);
 	cq->armed = URDMA_NOTIFY_NONE;
 	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
 		atomic_store(&qp->shm->notify, URDMA_NOTIFY_NONE);
 	if (cq->chan)
 		channel_push(cq->chan, cq);
+}
+
+static void cq_fire_locked(struct urdma_cq *cq)
+{
+	cq_fire_locked_why(cq, false);
+}
+
+/* Progress thread: a held event whose period is over fires. */
+void urdma_cq_moderation_due(struct urdma_cq *cq, uint64_t now)
+{
+	uint64_t due = atomic_load(&cq->mod_due);
+
+	if (!due || now < due)
+		return;
+	pthread_mutex_lock(&cq->lock);
+	cq_fire_locked(cq);
+	pthread_mutex_unlock(&cq->lock);
+}
+
+int urdma_modify_cq(struct ibv_cq *ibcq, struct ibv_modify_cq_attr *attr)
+{
+	struct urdma_cq *cq = to_ucq(ibcq);
+
+	if (attr->attr_mask & ~(uint32_t)IBV_CQ_ATTR_MODERATE)
+		return EINVAL;
+	if (!attr->attr_mask)
+		return 0;
+	pthread_mutex_lock(&cq->lock);
+	cq->mod_count = attr->moderate.cq_count;
+	cq->mod_period_ns = attr->moderate.cq_period * 1000ull;
+	pthread_mutex_unlock(&cq->lock);
+	return 0;
 }
 
 int urdma_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq,
@@ -316,7 +390,7 @@ void urdma_cq_push(struct urdma_cq *cq, const struct ibv_wc *wc,
 	 * notify, as the spec asks. */
 	if (cq->armed == URDMA_NOTIFY_ANY ||
 	    (cq->armed && wc->status != IBV_WC_SUCCESS))
-		cq_fire_locked(cq);
+		cq_fire_locked_why(cq, wc->status != IBV_WC_SUCCESS);
 	pthread_mutex_unlock(&cq->lock);
 }
 

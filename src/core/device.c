@@ -232,6 +232,7 @@ struct ibv_context *urdma_open_device(struct ibv_device *dev)
 	uctx->vctx.query_device_ex = urdma_query_device_ex;
 	uctx->vctx.query_rt_values = urdma_query_rt_values;
 	uctx->vctx.create_cq_ex = urdma_create_cq_ex;
+	uctx->vctx.modify_cq = urdma_modify_cq;
 	uctx->vctx.create_qp_ex = urdma_create_qp_ex;
 	uctx->vctx.create_srq_ex = urdma_create_srq_ex;
 	uctx->vctx.alloc_td = urdma_alloc_td;
@@ -329,7 +330,7 @@ int urdma_query_device(struct ibv_context *c, struct ibv_device_attr *a)
 }
 
 /* What the extended query adds, as far as urdma has it; the rest (ODP,
- * TSO, RSS, packet pacing, tag matching, device memory, CQ moderation)
+ * TSO, RSS, packet pacing, tag matching, device memory)
  * stays 0: not supported. */
 int urdma_query_device_ex(struct ibv_context *c,
 			  const struct ibv_query_device_ex_input *input,
@@ -347,6 +348,8 @@ int urdma_query_device_ex(struct ibv_context *c,
 	a.hca_core_clock = 1000000; /* kHz */
 	a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
 	a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
+	a.cq_mod_caps.max_cq_count = UINT16_MAX; /* ibv_modify_cq, cq.c */
+	a.cq_mod_caps.max_cq_period = UINT16_MAX;
 	memset(attr, 0, attr_size);
 	memcpy(attr, &a, attr_size < sizeof(a) ? attr_size : sizeof(a));
 	return 0;

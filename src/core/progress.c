@@ -124,7 +124,9 @@ static bool maintain_all(bool check_mrs)
 {
 	struct urdma_context *uctx;
 	struct urdma_srq *srq;
+	struct urdma_cq *cq;
 	struct urdma_qp *qp;
+	uint64_t now = urdma_now_ns();
 	bool pending = false;
 
 	for (int i = 0; urdma_transports[i]; i++)
@@ -138,6 +140,8 @@ static bool maintain_all(bool check_mrs)
 		}
 		list_for_each_entry(srq, &uctx->srqs, ctx_node)
 			urdma_srq_maintain(srq);
+		list_for_each_entry(cq, &uctx->cqs, node)
+			urdma_cq_moderation_due(cq, now);
 		pthread_mutex_unlock(&uctx->lock);
 		if (check_mrs)
 			urdma_mrs_check(uctx);

@@ -154,6 +154,12 @@ struct urdma_cq {
 	_Atomic int sq_pending; /* a send QP has WRs waiting to be retried */
 	_Atomic int polled_qps; /* QPs whose transport receives in poll_cq */
 	_Atomic int srq_qps;	/* receive QPs on an SRQ */
+	/* CQ moderation (ibv_modify_cq): an armed CQ's event waits for
+	 * mod_count completions or mod_period_ns after the first, under
+	 * lock; mod_due: when the progress thread fires it, 0 if none */
+	uint32_t mod_count;
+	uint64_t mod_period_ns;
+	_Atomic uint64_t mod_due;
 	uint32_t srq_turn;	/* where cq_drain_srqs starts, under lock */
 	struct urdma_channel *chan;
 	_Atomic int usecnt;
@@ -485,6 +491,8 @@ void urdma_mrs_check(struct urdma_context *uctx);
 void urdma_cq_push(struct urdma_cq *cq, const struct ibv_wc *wc,
 		   struct urdma_qp *qp, uint32_t retire);
 void urdma_cq_notify(struct urdma_cq *cq);
+int urdma_modify_cq(struct ibv_cq *cq, struct ibv_modify_cq_attr *attr);
+void urdma_cq_moderation_due(struct urdma_cq *cq, uint64_t now);
 
 /* qp.c */
 int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask);

@@ -60,6 +60,8 @@ static void query_device_ex(void *arg)
 	      "device_cap_flags_ex %#llx, device_cap_flags %#x",
 	      (unsigned long long)x.device_cap_flags_ex, a.device_cap_flags);
 	/* What urdma does not do is 0, not left over. */
+	CHECK(x.cq_mod_caps.max_cq_count > 1 && x.cq_mod_caps.max_cq_period > 0,
+	      "ibv_modify_cq is implemented, cq_mod_caps say nothing");
 	CHECK(x.odp_caps.general_caps == 0 && x.tso_caps.max_tso == 0 &&
 	      x.rss_caps.max_rwq_indirection_tables == 0 && x.max_dm_size == 0 &&
 	      x.tm_caps.max_num_tags == 0 && x.raw_packet_caps == 0,
@@ -406,6 +408,72 @@ static void threads_child(struct t_peer *p, void *arg)
 	t_passive_target(p, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, 30000);
 }
 
+/* ---- CQ moderation (ibv_modify_cq): the event waits for cq_count
+ * completions, or cq_period after the first ---- */
+
+static void mod_parent(struct t_peer *p, void *arg)
+{
+	struct t_res r;
+	struct ibv_cq_ex *cq = res_open_ex(&r, true);
+	struct ibv_cq *c = ibv_cq_ex_to_cq(cq);
+	char *buf = t_alloc(4096);
+	struct ibv_mr *mr = t_reg(&r, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_wc wc[8];
+
+	t_connect_pair(p, &r, mr, NULL);
+	for (int i = 0; i < 8; i++)
+		REQUIRE(t_post_recv(r.qp, (uint64_t)i, buf + 64 * i, 64, mr->lkey) == 0,
+			"post_recv");
+	struct ibv_modify_cq_attr bad = { .attr_mask = 1u << 5 };
+	CHECK(ibv_modify_cq(c, &bad) == EINVAL, "an unknown attr_mask");
+	/* A count alone: held until 4 are there. */
+	struct ibv_modify_cq_attr m = { .attr_mask = IBV_CQ_ATTR_MODERATE,
+					.moderate = { .cq_count = 4, .cq_period = 0 } };
+	REQUIRE(ibv_modify_cq(c, &m) == 0, "ibv_modify_cq");
+	REQUIRE(ibv_req_notify_cq(c, 0) == 0, "arm");
+	t_send_u64(p, 3);
+	(void)t_recv_u64(p, T_WAIT_MS); /* sent */
+	CHECK(!t_fd_readable(r.channel->fd, 200), "an event at 3 completions of a count of 4");
+	t_send_u64(p, 1);
+	(void)t_recv_u64(p, T_WAIT_MS);
+	CHECK(t_wait_cq_event(r.channel, c, T_WAIT_MS), "no event at the 4th completion");
+	CHECK(t_poll(c, wc, 4, T_WAIT_MS) == 4, "the four receives");
+	/* A period: one completion, then the event within it. */
+	m.moderate = (struct ibv_moderate_cq){ .cq_count = 1000, .cq_period = 20000 };
+	REQUIRE(ibv_modify_cq(c, &m) == 0, "ibv_modify_cq");
+	REQUIRE(ibv_req_notify_cq(c, 0) == 0, "arm");
+	t_send_u64(p, 1);
+	(void)t_recv_u64(p, T_WAIT_MS);
+	CHECK(t_wait_cq_event(r.channel, c, T_WAIT_MS), "no event 20 ms after the completion");
+	CHECK(t_poll(c, wc, 1, T_WAIT_MS) == 1, "the receive");
+	t_send_u64(p, 0);
+	t_barrier(p);
+	t_res_close(&r);
+	free(buf);
+}
+
+static void mod_child(struct t_peer *p, void *arg)
+{
+	struct t_res r;
+	t_res_open(&r, NULL);
+	char *buf = t_alloc(4096);
+	struct ibv_mr *mr = t_reg(&r, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	uint64_t n;
+
+	t_connect_pair(p, &r, mr, NULL);
+	while ((n = t_recv_u64(p, 30000)) > 0) {
+		for (uint64_t i = 0; i < n; i++) {
+			REQUIRE(t_post_send(r.qp, i, IBV_WR_SEND, buf, 8, mr->lkey,
+					    IBV_SEND_SIGNALED, 0, 0) == 0, "post_send");
+			t_expect_wc(r.send_cq, NULL, i, IBV_WC_SUCCESS, IBV_WC_SEND, "a send");
+		}
+		t_send_u64(p, n);
+	}
+	t_barrier(p);
+	t_res_close(&r);
+	free(buf);
+}
+
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
@@ -414,5 +482,6 @@ int main(int argc, char **argv)
 	t_case("create_cq_ex_rules", create_rules, NULL);
 	t_pair("poll_ex_fields_and_events", traffic_parent, traffic_child, NULL);
 	t_pair("poll_ex_two_threads", threads_parent, threads_child, NULL);
+	t_pair("modify_cq_moderation", mod_parent, mod_child, NULL);
 	return t_finish();
 }
