@@ -255,101 +255,79 @@ static int remote_span(struct urdma_qp *qp, struct urdma_swqe *w,
 				   w->remote_addr, len, access, sp);
 }
 
-/*
- * deliver() into a responder on an SRQ: claim the SRQ's next receive WR,
- * fill it, publish it for the responder QP.  Entered into the QP's ring
- * (busy) and found ready; leaves it.
- */
-static enum urdma_tx deliver_srq(struct urdma_qp *qp, struct urdma_swqe *w,
-				 const struct urdma_span *local, int nl,
-				 enum ibv_wc_status *status)
+/* The receive WR a message takes: an entry of the responder QP's ring, or
+ * of its SRQ's, and how to publish it. */
+struct rcv {
+	struct urdma_shm_rqe *e;
+	uint32_t idx;	  /* the ring's rq_done, or the SRQ entry's index */
+	uint32_t pd_id;	  /* the PD its SGEs are checked in */
+	uint32_t max_sge;
+};
+
+/* The responder QP's next receive WR: 0, URDMA_TX_RNR, or -1 (the ring's
+ * indices are nonsense).  In the ring (busy). */
+static int take_ring(struct urdma_qp *qp, struct rcv *r)
 {
 	struct urdma_shm_qp *t = qp->peer_qp;
-	struct urdma_span dst[URDMA_MAX_SGE + 1];
-	enum ibv_wc_status rx_status = IBV_WC_SUCCESS;
-	bool is_write = w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
-	struct urdma_shm_rqe *e;
-	uint32_t idx;
-	uint64_t room = 0;
-	bool wake;
-	int nd = 0, ret;
+	uint32_t done, prod;
 
-	/* A Write's rkey first: refused, it takes no receive WR. */
-	if (is_write) {
-		if (remote_span(qp, w, IBV_ACCESS_REMOTE_WRITE, w->byte_len,
-				&dst[0])) {
-			urdma_rq_idle(t);
-			*status = IBV_WC_REM_ACCESS_ERR;
-			responder_error(qp);
-			return URDMA_TX_DONE;
-		}
-		nd = 1;
+	/* How far the owner posted: the last value read, until the ring
+	 * looks empty by it (a cached tail, as UCX's FIFO keeps: rq_prod's
+	 * line moves to the owner with each ibv_post_recv, and reading it per
+	 * message cost 13 % of the 8 B ib_send_bw rate here).  Read again if
+	 * rq_done is not what we left it (a reset, or a scribble). */
+	done = atomic_load_explicit(&t->rq_done, memory_order_relaxed);
+	prod = qp->peer_prod;
+	if (done != qp->peer_done || prod - done - 1 >= qp->peer_rq.size)
+		prod = qp->peer_prod = atomic_load_explicit(
+			&t->rq_prod, memory_order_acquire);
+	if (prod - done > qp->peer_rq.size) {
+		/* Indices no owner writes: someone scribbled on the ring. */
+		urdma_warn("qp %#x: the receive queue of QP %#x is corrupt "
+			   "(%u posted, %u done)", qp->ibqp.qp_num,
+			   qp->attr.dest_qp_num, prod, done);
+		return -1;
 	}
-	ret = urdma_srq_claim(qp->peer_srq, qp->peer_srq_ring,
-			      &qp->peer_srq_rq, &idx, &wake);
-	if (ret == -EAGAIN) {
-		urdma_rq_idle(t);
+	if (done == prod) {
+		/* RNR: ask for a wake-up, then look once more. */
+		atomic_store(&t->rnr_waiter, 1);
+		atomic_thread_fence(memory_order_seq_cst);
+		prod = qp->peer_prod = atomic_load_explicit(
+			&t->rq_prod, memory_order_acquire);
+		if (done == prod)
+			return URDMA_TX_RNR;
+	}
+	*r = (struct rcv){ urdma_rqe_at(qp->peer_ring, &qp->peer_rq, done), done,
+			   READ_ONCE(t->pd_id), qp->peer_rq.max_sge };
+	return 0;
+}
+
+/* The next receive WR of the responder's SRQ, claimed: as take_ring. */
+static int take_srq(struct urdma_qp *qp, struct rcv *r)
+{
+	bool wake;
+	int ret = urdma_srq_claim(qp->peer_srq, qp->peer_srq_ring,
+				  &qp->peer_srq_rq, &r->idx, &wake);
+
+	if (ret == -EAGAIN)
 		return URDMA_TX_RNR;
-	}
 	if (ret) {
-		urdma_rq_idle(t);
 		urdma_warn("qp %#x: the SRQ of QP %#x is corrupt",
 			   qp->ibqp.qp_num, qp->attr.dest_qp_num);
-		*status = IBV_WC_REM_OP_ERR;
-		responder_error(qp);
-		return URDMA_TX_DONE;
+		return -1;
 	}
 	if (wake)
 		urdma_peer_wake(qp->peer);
-	e = urdma_rqe_at(qp->peer_srq_ring, &qp->peer_srq_rq, idx);
-	if (!is_write) {
-		if (urdma_rqe_spans(urdma_peer_shm(qp->peer), qp->peer_srq_pd,
-				    qp->peer_srq_rq.max_sge, e, dst, &nd,
-				    &room)) {
-			rx_status = IBV_WC_LOC_PROT_ERR;
-			*status = IBV_WC_REM_OP_ERR;
-			goto out_error;
-		}
-		if (room < w->byte_len) {
-			rx_status = IBV_WC_LOC_LEN_ERR;
-			*status = IBV_WC_REM_INV_REQ_ERR;
-			goto out_error;
-		}
-	}
-	if (urdma_copy_spans(qp->peer, dst, nd, NULL, local, nl, w->byte_len)) {
-		rx_status = IBV_WC_WR_FLUSH_ERR;
-		*status = IBV_WC_LOC_PROT_ERR;
-		goto out_error;
-	}
-	e->status = IBV_WC_SUCCESS;
-	e->opcode = is_write ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
-	e->byte_len = w->byte_len;
-	e->imm_data = w->imm_data;
-	e->wc_flags = rx_flags(w);
-	e->src_qp = qp->ibqp.qp_num;
-	urdma_srq_publish(e, idx, qp->attr.dest_qp_num);
-	urdma_rq_idle(t);
-	responder_notify(qp, w->send_flags & IBV_SEND_SOLICITED);
-	inv_note(qp, w);
-	*status = IBV_WC_SUCCESS;
-	return URDMA_TX_DONE;
-
-out_error:
-	/* A claimed entry always completes: in error at the responder. */
-	e->status = rx_status;
-	e->opcode = IBV_WC_RECV;
-	e->byte_len = 0;
-	e->wc_flags = 0;
-	e->src_qp = qp->ibqp.qp_num;
-	urdma_srq_publish(e, idx, qp->attr.dest_qp_num);
-	urdma_rq_idle(t);
-	responder_error(qp);
-	return URDMA_TX_DONE;
+	r->e = urdma_rqe_at(qp->peer_srq_ring, &qp->peer_srq_rq, r->idx);
+	r->pd_id = qp->peer_srq_pd;
+	r->max_sge = qp->peer_srq_rq.max_sge;
+	return 0;
 }
 
 /*
- * SEND, SEND_WITH_IMM and RDMA_WRITE_WITH_IMM: consume the responder's next
- * receive WR.  For the write, the data goes to the rkey's range first.
+ * SEND, SEND_WITH_IMM, SEND_WITH_INV and RDMA_WRITE_WITH_IMM: consume the
+ * responder's next receive WR, of its ring or its SRQ.  For the write,
+ * the data goes to the rkey's range first.
  */
 static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 			     enum ibv_wc_status *status)
@@ -359,7 +337,7 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 	enum ibv_wc_status rx_status = IBV_WC_SUCCESS;
 	bool is_write = w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
 	struct urdma_shm_rqe *e;
-	uint32_t done, prod;
+	struct rcv r;
 	int nl = 0, nd = 0, ret;
 	uint64_t room = 0;
 
@@ -373,102 +351,66 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 		urdma_rq_idle(t);
 		return URDMA_TX_NOT_READY;
 	}
-	if (w->opcode == IBV_WR_SEND_WITH_INV && !inv_valid(qp, w->imm_data)) {
-		/* No receive taken: both QPs to ERR, the receives flushed. */
+	/* What is refused takes no receive WR: a Write's rkey, the key of a
+	 * Send with Invalidate.  Both QPs to ERR, the receives flushed. */
+	if ((is_write && remote_span(qp, w, IBV_ACCESS_REMOTE_WRITE,
+				     w->byte_len, &dst[0])) ||
+	    (w->opcode == IBV_WR_SEND_WITH_INV && !inv_valid(qp, w->imm_data))) {
 		urdma_rq_idle(t);
 		*status = IBV_WC_REM_ACCESS_ERR;
 		responder_error(qp);
 		return URDMA_TX_DONE;
 	}
-	if (qp->peer_srq)
-		return deliver_srq(qp, w, local, nl, status);
-	/* How far the owner posted: the last value read, until the ring
-	 * looks empty by it (a cached tail, as UCX's FIFO keeps: rq_prod's
-	 * line moves to the owner with each ibv_post_recv, and reading it per
-	 * message cost 13 % of the 8 B ib_send_bw rate here).  Read again if
-	 * rq_done is not what we left it (a reset, or a scribble). */
-	done = atomic_load_explicit(&t->rq_done, memory_order_relaxed);
-	prod = qp->peer_prod;
-	if (done != qp->peer_done || prod - done - 1 >= qp->peer_rq.size)
-		prod = qp->peer_prod = atomic_load_explicit(
-			&t->rq_prod, memory_order_acquire);
-	if (prod - done > qp->peer_rq.size) {
-		/* Indices no owner writes: someone scribbled on the ring. */
+	ret = qp->peer_srq ? take_srq(qp, &r) : take_ring(qp, &r);
+	if (ret) {
 		urdma_rq_idle(t);
-		urdma_warn("qp %#x: the receive queue of QP %#x is corrupt "
-			   "(%u posted, %u done)", qp->ibqp.qp_num,
-			   qp->attr.dest_qp_num, prod, done);
+		if (ret == URDMA_TX_RNR)
+			return URDMA_TX_RNR;
 		*status = IBV_WC_REM_OP_ERR;
 		responder_error(qp);
 		return URDMA_TX_DONE;
 	}
-	if (done == prod) {
-		/* RNR: ask for a wake-up, then look once more. */
-		atomic_store(&t->rnr_waiter, 1);
-		atomic_thread_fence(memory_order_seq_cst);
-		prod = qp->peer_prod = atomic_load_explicit(
-			&t->rq_prod, memory_order_acquire);
-		if (done == prod) {
-			urdma_rq_idle(t);
-			return URDMA_TX_RNR;
-		}
-	}
-	e = urdma_rqe_at(qp->peer_ring, &qp->peer_rq, done);
+	e = r.e;
 	if (is_write) {
-		ret = remote_span(qp, w, IBV_ACCESS_REMOTE_WRITE, w->byte_len,
-				  &dst[0]);
-		if (ret) {
-			*status = IBV_WC_REM_ACCESS_ERR;
-			goto out_error;
-		}
 		nd = 1;
-	} else {
-		if (urdma_rqe_spans(urdma_peer_shm(qp->peer),
-				    READ_ONCE(t->pd_id), qp->peer_rq.max_sge,
-				    e, dst, &nd, &room)) {
-			rx_status = IBV_WC_LOC_PROT_ERR;
-			*status = IBV_WC_REM_OP_ERR;
-			goto out_error;
-		}
-		if (room < w->byte_len) {
-			rx_status = IBV_WC_LOC_LEN_ERR;
-			*status = IBV_WC_REM_INV_REQ_ERR;
-			goto out_error;
-		}
+	} else if (urdma_rqe_spans(urdma_peer_shm(qp->peer), r.pd_id, r.max_sge,
+				   e, dst, &nd, &room)) {
+		rx_status = IBV_WC_LOC_PROT_ERR;
+		*status = IBV_WC_REM_OP_ERR;
+	} else if (room < w->byte_len) {
+		rx_status = IBV_WC_LOC_LEN_ERR;
+		*status = IBV_WC_REM_INV_REQ_ERR;
 	}
-	if (urdma_copy_spans(qp->peer, dst, nd, NULL, local, nl, w->byte_len)) {
+	if (rx_status == IBV_WC_SUCCESS &&
+	    urdma_copy_spans(qp->peer, dst, nd, NULL, local, nl, w->byte_len)) {
 		/* Our own pages vanished: a local protection error. */
 		rx_status = IBV_WC_WR_FLUSH_ERR;
 		*status = IBV_WC_LOC_PROT_ERR;
-		goto out_error;
 	}
-	e->status = IBV_WC_SUCCESS;
-	e->opcode = is_write ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
-	e->byte_len = w->byte_len;
+	/* The receive WR completes, in error at the responder if need be. */
+	e->status = rx_status;
+	e->opcode = is_write && rx_status == IBV_WC_SUCCESS ?
+			    IBV_WC_RECV_RDMA_WITH_IMM :
+			    IBV_WC_RECV;
+	e->byte_len = rx_status == IBV_WC_SUCCESS ? w->byte_len : 0;
 	e->imm_data = w->imm_data;
-	e->wc_flags = rx_flags(w);
+	e->wc_flags = rx_status == IBV_WC_SUCCESS ? rx_flags(w) : 0;
 	e->src_qp = qp->ibqp.qp_num;
-	atomic_store_explicit(&t->rq_done, done + 1, memory_order_release);
-	qp->peer_done = done + 1;
+	if (qp->peer_srq) {
+		urdma_srq_publish(e, r.idx, qp->attr.dest_qp_num);
+	} else {
+		atomic_store_explicit(&t->rq_done, r.idx + 1,
+				      memory_order_release);
+		qp->peer_done = r.idx + 1;
+	}
 	urdma_rq_idle(t);
+	if (rx_status != IBV_WC_SUCCESS) {
+		responder_error(qp);
+		return URDMA_TX_DONE;
+	}
 	responder_notify(qp, w->send_flags & IBV_SEND_SOLICITED);
 	inv_note(qp, w);
 	*status = IBV_WC_SUCCESS;
-	return URDMA_TX_DONE;
-
-out_error:
-	if (rx_status != IBV_WC_SUCCESS) {
-		/* The receive WR completes in error at the responder. */
-		e->status = rx_status;
-		e->opcode = IBV_WC_RECV;
-		e->byte_len = 0;
-		e->wc_flags = 0;
-		e->src_qp = qp->ibqp.qp_num;
-		atomic_store_explicit(&t->rq_done, done + 1,
-				      memory_order_release);
-	}
-	urdma_rq_idle(t);
-	responder_error(qp);
 	return URDMA_TX_DONE;
 }
 
