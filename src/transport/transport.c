@@ -250,53 +250,47 @@ int urdma_rqe_spans(const struct urdma_shm_ctx *ctx, uint32_t pd_id,
 	return 0;
 }
 
-int urdma_shm_qp_check(const struct urdma_shm_qp *h, uint64_t bytes,
-		       uint32_t qpn, uint32_t ctx_id, struct urdma_rq_geo *g)
+/* A receive ring's geometry as a shared block's header gives it (read once
+ * each), checked: a power-of-two size up to max_size, a stride for its
+ * SGEs, right after the header of hdr bytes, inside the block. */
+static int ring_geo(uint32_t size, uint32_t stride, uint32_t max_sge,
+		    uint32_t off, size_t hdr, uint64_t bytes, uint32_t max_size,
+		    struct urdma_rq_geo *g)
 {
-	uint32_t size, stride, max_sge, off;
-
-	if (bytes < sizeof(*h) || READ_ONCE(h->magic) != URDMA_SHM_MAGIC ||
-	    READ_ONCE(h->version) != URDMA_SHM_VERSION ||
-	    READ_ONCE(h->qpn) != qpn || READ_ONCE(h->ctx_id) != ctx_id)
-		return -EINVAL;
-	size = READ_ONCE(h->rq_size);
-	stride = READ_ONCE(h->rq_stride);
-	max_sge = READ_ONCE(h->rq_max_sge);
-	off = READ_ONCE(h->rq_offset);
-	if (!size || (size & (size - 1)) || size > URDMA_MAX_QP_WR ||
-	    !max_sge || max_sge > URDMA_MAX_SGE ||
-	    stride != urdma_rq_stride(max_sge) || off != sizeof(*h) ||
-	    (uint64_t)size * stride > bytes - off)
+	if (!size || (size & (size - 1)) || size > max_size || !max_sge ||
+	    max_sge > URDMA_MAX_SGE || stride != urdma_rq_stride(max_sge) ||
+	    off != hdr || (uint64_t)size * stride > bytes - off)
 		return -EINVAL;
 	*g = (struct urdma_rq_geo){ .size = size, .stride = stride,
 				    .max_sge = max_sge };
 	return 0;
 }
 
+int urdma_shm_qp_check(const struct urdma_shm_qp *h, uint64_t bytes,
+		       uint32_t qpn, uint32_t ctx_id, struct urdma_rq_geo *g)
+{
+	if (bytes < sizeof(*h) || READ_ONCE(h->magic) != URDMA_SHM_MAGIC ||
+	    READ_ONCE(h->version) != URDMA_SHM_VERSION ||
+	    READ_ONCE(h->qpn) != qpn || READ_ONCE(h->ctx_id) != ctx_id)
+		return -EINVAL;
+	return ring_geo(READ_ONCE(h->rq_size), READ_ONCE(h->rq_stride),
+			READ_ONCE(h->rq_max_sge), READ_ONCE(h->rq_offset),
+			sizeof(*h), bytes, URDMA_MAX_QP_WR, g);
+}
+
 int urdma_shm_srq_check(const struct urdma_shm_srq *h, uint64_t bytes,
 			const struct urdma_shm_qp *q, uint32_t ctx_id,
 			struct urdma_rq_geo *g, uint32_t *pd_id)
 {
-	uint32_t size, stride, max_sge, off;
-
 	if (bytes < sizeof(*h) || READ_ONCE(h->magic) != URDMA_SHM_MAGIC ||
 	    READ_ONCE(h->version) != URDMA_SHM_VERSION ||
 	    READ_ONCE(h->srqn) != READ_ONCE(q->srqn) ||
 	    READ_ONCE(h->ctx_id) != ctx_id)
 		return -EINVAL;
-	size = READ_ONCE(h->rq_size);
-	stride = READ_ONCE(h->rq_stride);
-	max_sge = READ_ONCE(h->rq_max_sge);
-	off = READ_ONCE(h->rq_offset);
-	if (!size || (size & (size - 1)) || size > URDMA_MAX_SRQ_WR ||
-	    !max_sge || max_sge > URDMA_MAX_SGE ||
-	    stride != urdma_rq_stride(max_sge) || off != sizeof(*h) ||
-	    (uint64_t)size * stride > bytes - off)
-		return -EINVAL;
-	*g = (struct urdma_rq_geo){ .size = size, .stride = stride,
-				    .max_sge = max_sge };
 	*pd_id = READ_ONCE(h->pd_id);
-	return 0;
+	return ring_geo(READ_ONCE(h->rq_size), READ_ONCE(h->rq_stride),
+			READ_ONCE(h->rq_max_sge), READ_ONCE(h->rq_offset),
+			sizeof(*h), bytes, URDMA_MAX_SRQ_WR, g);
 }
 
 /* Our pid without a system call per message (getpid makes one); a
