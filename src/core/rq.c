@@ -278,6 +278,24 @@ int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
 	return n;
 }
 
+/* Write receive WR wr into entry e of a ring (a QP's or an SRQ's) and
+ * what only we keep of it into *pw (its id, its length). */
+void urdma_rqe_post(struct urdma_shm_rqe *e, struct urdma_rq_wr *pw,
+		    const struct ibv_recv_wr *wr)
+{
+	uint64_t len = 0;
+
+	e->num_sge = wr->num_sge;
+	for (int i = 0; i < wr->num_sge; i++) {
+		e->sge[i].addr = wr->sg_list[i].addr;
+		e->sge[i].length = wr->sg_list[i].length;
+		e->sge[i].lkey = wr->sg_list[i].lkey;
+		len += wr->sg_list[i].length;
+	}
+	e->status = IBV_WC_SUCCESS;
+	*pw = (struct urdma_rq_wr){ .wr_id = wr->wr_id, .len = len };
+}
+
 int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 		    struct ibv_recv_wr **bad)
 {
@@ -289,9 +307,6 @@ int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	pthread_mutex_lock(&qp->rq_lock);
 	prod = atomic_load_explicit(&qp->rq_prod, memory_order_relaxed);
 	for (; wr; wr = wr->next) {
-		struct urdma_shm_rqe *e;
-		uint64_t len = 0;
-
 		if (ibqp->state == IBV_QPS_RESET || qp->srq) {
 			ret = EINVAL; /* a QP on an SRQ receives from it */
 			break;
@@ -306,18 +321,8 @@ int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 			ret = ENOMEM;
 			break;
 		}
-		e = urdma_rq_entry(qp, prod);
-		/* the WR id is ours alone: rq_wr */
-		e->num_sge = wr->num_sge;
-		for (int i = 0; i < wr->num_sge; i++) {
-			e->sge[i].addr = wr->sg_list[i].addr;
-			e->sge[i].length = wr->sg_list[i].length;
-			e->sge[i].lkey = wr->sg_list[i].lkey;
-			len += wr->sg_list[i].length;
-		}
-		e->status = IBV_WC_SUCCESS;
-		qp->rq_wr[prod & (qp->rq.size - 1)] =
-			(struct urdma_rq_wr){ .wr_id = wr->wr_id, .len = len };
+		urdma_rqe_post(urdma_rq_entry(qp, prod),
+			       &qp->rq_wr[prod & (qp->rq.size - 1)], wr);
 		prod++;
 		atomic_store_explicit(&qp->rq_prod, prod, memory_order_release);
 		atomic_store_explicit(&s->rq_prod, prod, memory_order_release);

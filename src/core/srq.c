@@ -41,6 +41,15 @@ static struct urdma_shm_rqe *srq_entry(struct urdma_srq *srq, uint32_t idx)
 	return urdma_rqe_at(srq->ring, &srq->rq, idx);
 }
 
+/* Entry e, posted as index idx, not published: any tag but idx + 1 (0 is
+ * that at 2^32 - 1), nobody's. */
+static void srq_unpublished(struct urdma_shm_rqe *e, uint32_t idx)
+{
+	atomic_store_explicit(&e->srq_tag, idx, memory_order_relaxed);
+	e->srq_qpn = 0;
+	e->srq_pid = 0;
+}
+
 static void srq_event(struct urdma_srq *srq, enum ibv_event_type type)
 {
 	struct ibv_async_event ev = { .element.srq = &srq->ibsrq,
@@ -238,7 +247,6 @@ int urdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 	pthread_mutex_lock(&srq->lock);
 	for (; wr; wr = wr->next) {
 		struct urdma_shm_rqe *e;
-		uint64_t len = 0;
 
 		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > srq->rq.max_sge) {
 			ret = EINVAL;
@@ -249,21 +257,8 @@ int urdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 			break;
 		}
 		e = srq_entry(srq, srq->prod);
-		/* Unpublished: any tag but index + 1 (0 is that at 2^32 - 1). */
-		atomic_store_explicit(&e->srq_tag, srq->prod,
-				      memory_order_relaxed);
-		e->srq_qpn = 0;
-		e->srq_pid = 0;
-		e->num_sge = wr->num_sge;
-		for (int i = 0; i < wr->num_sge; i++) {
-			e->sge[i].addr = wr->sg_list[i].addr;
-			e->sge[i].length = wr->sg_list[i].length;
-			e->sge[i].lkey = wr->sg_list[i].lkey;
-			len += wr->sg_list[i].length;
-		}
-		e->status = IBV_WC_SUCCESS;
-		srq->rq_wr[srq->prod & (srq->rq.size - 1)] =
-			(struct urdma_rq_wr){ .wr_id = wr->wr_id, .len = len };
+		srq_unpublished(e, srq->prod);
+		urdma_rqe_post(e, &srq->rq_wr[srq->prod & (srq->rq.size - 1)], wr);
 		srq->prod++;
 		atomic_store_explicit(&s->prod, srq->prod, memory_order_release);
 	}
@@ -291,9 +286,7 @@ static void srq_repost(struct urdma_srq *srq, uint32_t idx)
 		memmove(to->sge, from->sge, n * sizeof(to->sge[0]));
 		to->num_sge = n;
 	}
-	atomic_store_explicit(&to->srq_tag, srq->prod, memory_order_relaxed);
-	to->srq_qpn = 0;
-	to->srq_pid = 0;
+	srq_unpublished(to, srq->prod);
 	to->status = IBV_WC_SUCCESS;
 	srq->rq_wr[srq->prod & (srq->rq.size - 1)] =
 		srq->rq_wr[idx & (srq->rq.size - 1)];
