@@ -286,21 +286,15 @@ static int cq_ring_resize_locked(struct urdma_cq *cq, uint32_t size)
 int urdma_resize_cq(struct ibv_cq *ibcq, int cqe)
 {
 	struct urdma_cq *cq = to_ucq(ibcq);
-	struct urdma_qp *qp;
-	uint32_t size, n;
-	uint64_t pending;
+	uint32_t size;
 	int ret;
 
 	if (cqe < 1 || cqe > URDMA_MAX_CQE)
 		return EINVAL;
 	size = roundup_pow2(cqe);
 	pthread_mutex_lock(&cq->lock);
-	n = cq->tail - cq->head;
-	pending = n;
 	/* Receive completions waiting in the receive rings count too. */
-	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
-		pending += atomic_load(&qp->shm->rq_done) - qp->rq_poll;
-	if (size < pending) {
+	if (size < cq_ready_locked(cq)) {
 		pthread_mutex_unlock(&cq->lock);
 		return EINVAL;
 	}
