@@ -487,10 +487,9 @@ static int check_send_wr(struct urdma_qp *qp, const struct ibv_send_wr *wr,
 	return 0;
 }
 
-/* May wr be posted, as the queued-th WR after those in the SQ?  Its length
- * in *len.  Under sq_lock. */
+/* May wr be posted next?  Its length in *len.  Under sq_lock. */
 static int sq_admit(struct urdma_qp *qp, const struct ibv_send_wr *wr,
-		    uint32_t queued, uint32_t *len)
+		    uint32_t *len)
 {
 	enum ibv_qp_state st = qp->ibqp.state;
 	int ret;
@@ -500,8 +499,8 @@ static int sq_admit(struct urdma_qp *qp, const struct ibv_send_wr *wr,
 	ret = check_send_wr(qp, wr, len);
 	if (ret)
 		return ret;
-	if (qp->sq_tail + queued - atomic_load_explicit(&qp->sq_retired,
-							memory_order_acquire) >=
+	if (qp->sq_tail - atomic_load_explicit(&qp->sq_retired,
+					       memory_order_acquire) >=
 	    qp->cap.max_send_wr)
 		return ENOMEM;
 	return 0;
@@ -582,7 +581,7 @@ int urdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 			ret = EINVAL;
 			break;
 		}
-		ret = sq_admit(qp, wr, 0, &len);
+		ret = sq_admit(qp, wr, &len);
 		if (ret)
 			break;
 		sq_put(qp, wr, len);
@@ -595,21 +594,25 @@ int urdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 }
 
 /* n WRs (an array, next ignored), all or none: the error of the first that
- * may not be posted, and then nothing is (ibv_wr_complete). */
+ * may not be posted, and then nothing is (ibv_wr_complete).  What was
+ * copied before it is dropped: the engine runs nothing past sq_tail until
+ * urdma_sq_run, under the same lock. */
 int urdma_post_send_all(struct urdma_qp *qp, const struct ibv_send_wr *wr,
 			uint32_t n)
 {
-	uint32_t len;
+	uint32_t len, tail;
 	int ret = 0;
 
 	pthread_mutex_lock(&qp->sq_lock);
-	for (uint32_t i = 0; i < n && !ret; i++)
-		ret = sq_admit(qp, &wr[i], i, &len);
+	tail = qp->sq_tail;
 	for (uint32_t i = 0; i < n && !ret; i++) {
-		check_send_wr(qp, &wr[i], &len);
-		sq_put(qp, &wr[i], len);
+		ret = sq_admit(qp, &wr[i], &len);
+		if (!ret)
+			sq_put(qp, &wr[i], len);
 	}
-	if (!ret)
+	if (ret)
+		qp->sq_tail = tail;
+	else
 		urdma_sq_run(qp);
 	pthread_mutex_unlock(&qp->sq_lock);
 	return ret;
