@@ -184,18 +184,20 @@ static enum ibv_wc_status mw_bind(struct urdma_qp *qp, struct urdma_mw *mw,
 	return IBV_WC_SUCCESS;
 }
 
-/* A type 2 window of the QP's PD whose current key is rkey: invalidated.
- * Under uctx->mw_lock. */
-static bool mw_invalidate_locked(struct urdma_context *uctx, struct ibv_pd *pd,
-				 uint32_t rkey)
+/* The bound type 2 window of qp's PD whose current key is rkey (and bound
+ * to qp itself if to_qp: remote invalidation), or NULL.  Under
+ * uctx->mw_lock. */
+static struct urdma_mw *mw_type2_of(struct urdma_qp *qp, uint32_t rkey,
+				    bool to_qp)
 {
-	struct urdma_mw *mw = mw_of_key(uctx, rkey);
+	struct urdma_mw *mw = mw_of_key(qp->uctx, rkey);
 
-	if (!mw || mw->ibmw.type != IBV_MW_TYPE_2 || !same_pd(mw->ibmw.pd, pd) ||
-	    !mw->bound || atomic_load(&mw->slot.shm->key) != rkey)
-		return false;
-	mw_unbind_locked(mw);
-	return true;
+	if (!mw || mw->ibmw.type != IBV_MW_TYPE_2 || !mw->bound ||
+	    !same_pd(mw->ibmw.pd, qp->ibqp.pd) ||
+	    atomic_load(&mw->slot.shm->key) != rkey ||
+	    (to_qp && mw->slot.qpn != qp->ibqp.qp_num))
+		return NULL;
+	return mw;
 }
 
 /* The engine runs a BIND_MW or LOCAL_INV WR here, under sq_lock (outer to
@@ -205,20 +207,18 @@ enum ibv_wc_status urdma_mw_execute(struct urdma_qp *qp,
 				    const struct urdma_swqe *w)
 {
 	struct urdma_context *uctx = qp->uctx;
-	enum ibv_wc_status st;
+	enum ibv_wc_status st = IBV_WC_SUCCESS;
+	struct urdma_mw *mw;
 
 	pthread_mutex_lock(&uctx->mw_lock);
 	if (w->opcode == IBV_WR_BIND_MW) {
-		struct urdma_mw *mw = mw_of_key(uctx, (uint32_t)w->swap);
-
 		/* swap: the window's key when it was posted (its index) */
-		st = mw && mw->ibmw.handle == URDMA_MR_IDX((uint32_t)w->swap) ?
-			     mw_bind(qp, mw, w) :
-			     IBV_WC_MW_BIND_ERR;
+		mw = mw_of_key(uctx, (uint32_t)w->swap);
+		st = mw ? mw_bind(qp, mw, w) : IBV_WC_MW_BIND_ERR;
+	} else if ((mw = mw_type2_of(qp, w->imm_data, false))) {
+		mw_unbind_locked(mw);
 	} else {
-		st = mw_invalidate_locked(uctx, qp->ibqp.pd, w->imm_data) ?
-			     IBV_WC_SUCCESS :
-			     IBV_WC_LOC_QP_OP_ERR;
+		st = IBV_WC_LOC_QP_OP_ERR;
 	}
 	pthread_mutex_unlock(&uctx->mw_lock);
 	if (st != IBV_WC_SUCCESS)
@@ -235,17 +235,12 @@ enum ibv_wc_status urdma_mw_execute(struct urdma_qp *qp,
 bool urdma_mw_remote_invalidate(struct urdma_qp *qp, uint32_t rkey,
 				bool check_only)
 {
-	struct urdma_context *uctx = qp->uctx;
 	struct urdma_mw *mw;
-	bool ok;
 
-	pthread_mutex_lock(&uctx->mw_lock);
-	mw = mw_of_key(uctx, rkey);
-	ok = mw && mw->slot.qpn == qp->ibqp.qp_num && mw->bound &&
-	     mw->ibmw.type == IBV_MW_TYPE_2 && same_pd(mw->ibmw.pd, qp->ibqp.pd) &&
-	     atomic_load(&mw->slot.shm->key) == rkey;
-	if (ok && !check_only)
-		mw_invalidate_locked(uctx, qp->ibqp.pd, rkey);
-	pthread_mutex_unlock(&uctx->mw_lock);
-	return ok;
+	pthread_mutex_lock(&qp->uctx->mw_lock);
+	mw = mw_type2_of(qp, rkey, true);
+	if (mw && !check_only)
+		mw_unbind_locked(mw);
+	pthread_mutex_unlock(&qp->uctx->mw_lock);
+	return mw;
 }
