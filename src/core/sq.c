@@ -268,10 +268,15 @@ static void fire_held(struct urdma_qp *qp)
 		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
 }
 
+/* The engine, and a receive's event held for the completions it retires
+ * (only then: not a look at a peer's line per ibv_post_send). */
 void urdma_sq_run(struct urdma_qp *qp)
 {
+	bool marked = atomic_load_explicit(&qp->sq_async, memory_order_relaxed);
+
 	sq_run(qp);
-	fire_held(qp);
+	if (marked)
+		fire_held(qp);
 }
 
 /*
