@@ -130,18 +130,10 @@ static uint64_t ex_read_completion_ts(struct ibv_cq_ex *c)
 	return ex_to_ucq(c)->cur_ts;
 }
 
-static uint64_t realtime_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* The stamp on the wall clock: its distance from now, taken from now. */
 static uint64_t ex_read_completion_wallclock_ns(struct ibv_cq_ex *c)
 {
-	uint64_t mono = urdma_now_ns(), real = realtime_ns();
+	uint64_t mono = urdma_now_ns(), real = urdma_clock_ns(CLOCK_REALTIME);
 
 	return real - (mono - ex_to_ucq(c)->cur_ts);
 }

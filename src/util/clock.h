@@ -10,12 +10,17 @@
 #include <stdint.h>
 #include <time.h>
 
-static inline uint64_t urdma_now_ns(void)
+static inline uint64_t urdma_clock_ns(clockid_t clock)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
+	clock_gettime(clock, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t urdma_now_ns(void)
+{
+	return urdma_clock_ns(CLOCK_MONOTONIC);
 }
 
 static inline void cpu_relax(void)
