@@ -296,6 +296,21 @@ void urdma_rqe_post(struct urdma_shm_rqe *e, struct urdma_rq_wr *pw,
 	*pw = (struct urdma_rq_wr){ .wr_id = wr->wr_id, .len = len };
 }
 
+/* Receives were posted for qp (to its ring or its SRQ): its transport
+ * may take them; the peer is woken if it waits for one (wake). */
+void urdma_qp_recv_posted(struct urdma_qp *qp, bool wake)
+{
+	if (wake) {
+		struct urdma_peer *p = urdma_peer_ref(&qp->peer);
+
+		if (p)
+			urdma_peer_wake(p);
+		urdma_peer_put(p);
+	}
+	if (qp->tr && qp->tr->recv_posted)
+		qp->tr->recv_posted(qp);
+}
+
 int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 		    struct ibv_recv_wr **bad)
 {
@@ -335,16 +350,10 @@ int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 		*bad = wr;
 	/* A sender waits for a receive: wake it. */
 	atomic_thread_fence(memory_order_seq_cst);
-	if (atomic_load_explicit(&s->rnr_waiter, memory_order_relaxed) &&
-	    atomic_exchange(&s->rnr_waiter, 0)) {
-		struct urdma_peer *p = urdma_peer_ref(&qp->peer);
-
-		if (p)
-			urdma_peer_wake(p);
-		urdma_peer_put(p);
-	}
-	if (qp->tr && qp->tr->recv_posted)
-		qp->tr->recv_posted(qp);
+	urdma_qp_recv_posted(qp,
+			     atomic_load_explicit(&s->rnr_waiter,
+						  memory_order_relaxed) &&
+				     atomic_exchange(&s->rnr_waiter, 0));
 	if (ibqp->state == IBV_QPS_ERR)
 		urdma_cq_notify(to_ucq(ibqp->recv_cq));
 	return ret;

@@ -225,15 +225,8 @@ static void srq_wake(struct urdma_srq *srq)
 	struct urdma_qp *qp;
 
 	pthread_mutex_lock(&srq->lock);
-	list_for_each_entry(qp, &srq->qps, srq_node) {
-		struct urdma_peer *p = urdma_peer_ref(&qp->peer);
-
-		if (p)
-			urdma_peer_wake(p);
-		urdma_peer_put(p);
-		if (qp->tr && qp->tr->recv_posted)
-			qp->tr->recv_posted(qp);
-	}
+	list_for_each_entry(qp, &srq->qps, srq_node)
+		urdma_qp_recv_posted(qp, true);
 	pthread_mutex_unlock(&srq->lock);
 }
 

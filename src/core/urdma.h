@@ -516,6 +516,7 @@ void urdma_rq_destroy(struct urdma_qp *qp);
 int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max);
 int urdma_rqe_take(const struct urdma_shm_rqe *e, uint64_t posted_len,
 		   struct ibv_wc *w);
+void urdma_qp_recv_posted(struct urdma_qp *qp, bool wake);
 void urdma_rqe_post(struct urdma_shm_rqe *e, struct urdma_rq_wr *pw,
 		    const struct ibv_recv_wr *wr);
 void urdma_rq_invalidate(struct urdma_qp *qp, const struct urdma_shm_rqe *e,
