@@ -92,6 +92,19 @@ static uint32_t cq_ready_locked(struct urdma_cq *cq)
 	return n;
 }
 
+/* Tell deliverers whether the CQ is armed: in the blocks of its receive
+ * QPs and XRC SRQs.  Under cq->lock. */
+static void cq_arm_shared(struct urdma_cq *cq, int mode)
+{
+	struct urdma_srq *srq;
+	struct urdma_qp *qp;
+
+	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
+		atomic_store(&qp->shm->notify, mode);
+	list_for_each_entry(srq, &cq->xrc_srqs, cq_node)
+		atomic_store(&srq->shm->notify, mode);
+}
+
 /*
  * Moderation: is the event of an armed CQ held back?  Until mod_count
  * completions are there, or mod_period_ns has passed since the first
@@ -102,7 +115,6 @@ static uint32_t cq_ready_locked(struct urdma_cq *cq)
 static bool cq_held_locked(struct urdma_cq *cq, bool error)
 {
 	uint64_t now, due;
-	struct urdma_qp *qp;
 
 	if (error || cq->armed != URDMA_NOTIFY_ANY ||
 	    (cq->mod_count <= 1 && !cq->mod_period_ns))
@@ -116,22 +128,18 @@ static bool cq_held_locked(struct urdma_cq *cq, bool error)
 		atomic_store(&cq->mod_due, now + cq->mod_period_ns);
 		urdma_progress_by(now + cq->mod_period_ns);
 	}
-	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
-		atomic_store(&qp->shm->notify, cq->armed);
+	cq_arm_shared(cq, cq->armed);
 	return true;
 }
 
 /* Called with cq->lock held; error: an error completion is the cause. */
 static void cq_fire_locked_why(struct urdma_cq *cq, bool error)
 {
-	struct urdma_qp *qp;
-
 	if (!cq->armed || cq_held_locked(cq, error))
 		return;
 	atomic_store(&cq->mod_due, 0);
 	cq->armed = URDMA_NOTIFY_NONE;
-	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
-		atomic_store(&qp->shm->notify, URDMA_NOTIFY_NONE);
+	cq_arm_shared(cq, URDMA_NOTIFY_NONE);
 	if (cq->chan)
 		channel_push(cq->chan, cq);
 }
@@ -235,6 +243,7 @@ struct urdma_cq *urdma_cq_new(struct ibv_context *context, int cqe,
 	pthread_cond_init(&cq->ibcq.cond, NULL);
 	list_init(&cq->send_qps);
 	list_init(&cq->recv_qps);
+	list_init(&cq->xrc_srqs);
 	cq->ibcq.context = context;
 	cq->ibcq.channel = channel;
 	cq->ibcq.cqe = cq->size;
@@ -399,11 +408,14 @@ void urdma_cq_notify(struct urdma_cq *cq)
 int urdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 {
 	struct urdma_cq *cq = to_ucq(ibcq);
+	struct urdma_srq *srq;
 	struct urdma_qp *qp;
 	int mode = solicited_only ? URDMA_NOTIFY_SOLICITED : URDMA_NOTIFY_ANY;
 
 	pthread_mutex_lock(&cq->lock);
 	cq->armed = mode;
+	list_for_each_entry(srq, &cq->xrc_srqs, cq_node)
+		atomic_store(&srq->shm->notify, mode);
 	list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
 		/* Read once: qp_disconnect clears it under the send CQ's lock
 		 * only, then passes through this one before the transport
@@ -472,7 +484,7 @@ static int cq_take_pollers(struct urdma_cq *cq,
 	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
 		n = cq_take_poller(qp, trs, qps, n);
 	list_for_each_entry(qp, &cq->send_qps, scq_node)
-		if (to_ucq(qp->ibqp.recv_cq) != cq)
+		if (qp->rcq != cq)
 			n = cq_take_poller(qp, trs, qps, n);
 	return n;
 }
@@ -521,7 +533,7 @@ static int cq_take(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 
 static void cq_drain_srqs(struct urdma_cq *cq)
 {
-	struct urdma_srq *srqs[CQ_SRQS];
+	struct urdma_srq *srqs[CQ_SRQS], *srq;
 	struct urdma_qp *qp;
 	int n = 0, k = 0, start;
 
@@ -552,6 +564,20 @@ static void cq_drain_srqs(struct urdma_cq *cq)
 			if (n == CQ_SRQS)
 				break;
 		}
+	}
+	/* XRC SRQs complete into their own CQ: a few each call, the
+	 * first one further each time. */
+	list_for_each_entry(srq, &cq->xrc_srqs, cq_node) {
+		if (n == CQ_SRQS)
+			break;
+		atomic_fetch_add(&srq->drainers, 1);
+		srqs[n++] = srq;
+	}
+	if (n && !list_empty(&cq->xrc_srqs)) {
+		struct list_head *first = cq->xrc_srqs.next;
+
+		list_del(first);
+		list_add_tail(first, &cq->xrc_srqs);
 	}
 	pthread_mutex_unlock(&cq->lock);
 	for (int i = 0; i < n; i++) {

@@ -235,6 +235,10 @@ struct ibv_context *urdma_open_device(struct ibv_device *dev)
 	uctx->vctx.modify_cq = urdma_modify_cq;
 	uctx->vctx.create_qp_ex = urdma_create_qp_ex;
 	uctx->vctx.create_srq_ex = urdma_create_srq_ex;
+	uctx->vctx.open_xrcd = urdma_open_xrcd;
+	uctx->vctx.close_xrcd = urdma_close_xrcd;
+	uctx->vctx.get_srq_num = urdma_get_srq_num;
+	uctx->vctx.open_qp = urdma_open_qp;
 	uctx->vctx.alloc_td = urdma_alloc_td;
 	uctx->vctx.dealloc_td = urdma_dealloc_td;
 	uctx->vctx.alloc_parent_domain = urdma_alloc_parent_domain;
@@ -308,7 +312,8 @@ int urdma_query_device(struct ibv_context *c, struct ibv_device_attr *a)
 			      IBV_DEVICE_PORT_ACTIVE_EVENT |
 			      IBV_DEVICE_SYS_IMAGE_GUID |
 			      IBV_DEVICE_MEM_WINDOW |
-			      IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+			      IBV_DEVICE_MEM_WINDOW_TYPE_2B |
+			      IBV_DEVICE_XRC;
 	a->max_mw = URDMA_MAX_MR;
 	a->max_sge = URDMA_MAX_SGE;
 	a->max_sge_rd = URDMA_MAX_SGE;

@@ -21,8 +21,9 @@
  *    that a file names is ever opened: a process can only hand over what it
  *    holds.
  *  - a QP publishes qp-<qpn> (struct urdma_qp_rec): its context and where
- *    its shared block is in that process's memfd.  A record is a hint: what
- *    it leads to is checked (urdma_shm_qp_check) before use.
+ *    its shared block is in that process's memfd; an XRC SRQ, srq-<srqn>,
+ *    the same.  A record is a hint: what it leads to is checked
+ *    (urdma_shm_qp_check, urdma_shm_srq_check) before use.
  * The connection also carries wake-ups (a byte) and says when the peer is
  * gone (hang-up: its process died or it closed the context), so staleness
  * is certain: a ctx-<id> nobody listens on refuses connections, and the
@@ -186,15 +187,15 @@ static int host_open_file(const char *name, int flags, struct stat *st)
 	return fd;
 }
 
-/* ---- QP records ---- */
+/* ---- records: qp-<qpn>, and srq-<srqn> of XRC SRQs ---- */
 
-int urdma_host_qp_publish(uint32_t qpn, uint32_t ctx_id, uint64_t va,
-			  uint64_t size)
+int urdma_host_rec_publish(const char *kind, uint32_t num, uint32_t ctx_id,
+			   uint64_t va, uint64_t size)
 {
 	struct urdma_qp_rec rec = {
 		.magic = URDMA_SHM_MAGIC,
 		.version = URDMA_SHM_VERSION,
-		.qpn = qpn,
+		.qpn = num,
 		.ctx_id = ctx_id,
 		.va = va,
 		.size = size,
@@ -206,7 +207,7 @@ int urdma_host_qp_publish(uint32_t qpn, uint32_t ctx_id, uint64_t va,
 		return 0;
 	snprintf(tmp, sizeof(tmp), "tmp-%x-%x", (unsigned)getpid(),
 		 urdma_random32());
-	snprintf(name, sizeof(name), "qp-%x", qpn);
+	snprintf(name, sizeof(name), "%s-%x", kind, num);
 	fd = openat(urdma_proc.dirfd, tmp,
 		    O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd < 0)
@@ -218,7 +219,7 @@ int urdma_host_qp_publish(uint32_t qpn, uint32_t ctx_id, uint64_t va,
 	if (!ret && renameat2(urdma_proc.dirfd, tmp, urdma_proc.dirfd, name,
 			      RENAME_NOREPLACE))
 		ret = -errno;
-	if (ret == -EEXIST && urdma_host_qp_stale(qpn)) {
+	if (ret == -EEXIST && urdma_host_rec_stale(kind, num)) {
 		urdma_dbg("removing stale %s", name);
 		unlinkat(urdma_proc.dirfd, name, 0);
 		if (!renameat2(urdma_proc.dirfd, tmp, urdma_proc.dirfd, name,
@@ -230,17 +231,18 @@ int urdma_host_qp_publish(uint32_t qpn, uint32_t ctx_id, uint64_t va,
 	return ret;
 }
 
-void urdma_host_qp_unpublish(uint32_t qpn)
+void urdma_host_rec_unpublish(const char *kind, uint32_t num)
 {
 	char name[32];
 
 	if (!urdma_host_shm_ok())
 		return;
-	snprintf(name, sizeof(name), "qp-%x", qpn);
+	snprintf(name, sizeof(name), "%s-%x", kind, num);
 	unlinkat(urdma_proc.dirfd, name, 0);
 }
 
-int urdma_host_qp_find(uint32_t qpn, struct urdma_qp_rec *rec)
+int urdma_host_rec_find(const char *kind, uint32_t num,
+			struct urdma_qp_rec *rec)
 {
 	char name[32];
 	struct stat st;
@@ -249,16 +251,32 @@ int urdma_host_qp_find(uint32_t qpn, struct urdma_qp_rec *rec)
 
 	if (!urdma_host_shm_ok())
 		return -ENOENT;
-	snprintf(name, sizeof(name), "qp-%x", qpn);
+	snprintf(name, sizeof(name), "%s-%x", kind, num);
 	fd = host_open_file(name, O_RDONLY, &st);
 	if (fd < 0)
 		return fd == -ENOENT ? fd : -EPERM;
 	n = st.st_size == sizeof(*rec) ? pread(fd, rec, sizeof(*rec), 0) : -1;
 	close(fd);
 	if (n != sizeof(*rec) || rec->magic != URDMA_SHM_MAGIC ||
-	    rec->version != URDMA_SHM_VERSION || rec->qpn != qpn)
+	    rec->version != URDMA_SHM_VERSION || rec->qpn != num)
 		return -EINVAL;
 	return 0;
+}
+
+int urdma_host_qp_publish(uint32_t qpn, uint32_t ctx_id, uint64_t va,
+			  uint64_t size)
+{
+	return urdma_host_rec_publish("qp", qpn, ctx_id, va, size);
+}
+
+void urdma_host_qp_unpublish(uint32_t qpn)
+{
+	urdma_host_rec_unpublish("qp", qpn);
+}
+
+int urdma_host_qp_find(uint32_t qpn, struct urdma_qp_rec *rec)
+{
+	return urdma_host_rec_find("qp", qpn, rec);
 }
 
 /* ---- contexts: the socket, the MR table, the peers that connect ---- */
@@ -588,10 +606,10 @@ static int ctx_alive(uint32_t ctx_id)
 	return fd == -ENOENT || fd == -ECONNREFUSED ? -1 : 0;
 }
 
-bool urdma_host_qp_stale(uint32_t qpn)
+bool urdma_host_rec_stale(const char *kind, uint32_t num)
 {
 	struct urdma_qp_rec rec;
-	int ret = urdma_host_qp_find(qpn, &rec);
+	int ret = urdma_host_rec_find(kind, num, &rec);
 
 	if (ret == -ENOENT)
 		return false;
@@ -625,7 +643,11 @@ void urdma_host_sweep(void)
 		if (sscanf(e->d_name, "ctx-%x%1s", &id, tail) == 1)
 			stale = S_ISSOCK(st.st_mode) && ctx_alive(id) < 0;
 		else if (sscanf(e->d_name, "qp-%x%1s", &id, tail) == 1)
-			stale = S_ISREG(st.st_mode) && urdma_host_qp_stale(id);
+			stale = S_ISREG(st.st_mode) &&
+				urdma_host_rec_stale("qp", id);
+		else if (sscanf(e->d_name, "srq-%x%1s", &id, tail) == 1)
+			stale = S_ISREG(st.st_mode) &&
+				urdma_host_rec_stale("srq", id);
 		else if (!strncmp(e->d_name, "tmp-", 4))
 			stale = time(NULL) - st.st_mtime > 60;
 		if (!stale)

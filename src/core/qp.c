@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * RC queue pairs: creating and destroying them, and the state machine
+ * RC and XRC queue pairs: creating and destroying them, and the state machine
  * (ibv_modify_qp, ibv_query_qp).  The send queue engine is in sq.c, the
  * owner's side of the receive queue in rq.c.
  */
@@ -66,54 +66,86 @@ static int qp_number(struct urdma_qp *qp, uint32_t *qpn)
 	return ret;
 }
 
-struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
-			       struct ibv_qp_init_attr *init)
+/*
+ * Make a QP of type init->qp_type: RC, XRC_SEND (no receive queue: no
+ * receive CQ) or XRC_RECV (a target of xrcd: no send queue, no CQ, no
+ * PD).  The engine's CQs are never NULL: those a type has not are one of
+ * the QP's own that nothing ever completes into.
+ */
+struct ibv_qp *urdma_qp_create(struct ibv_context *context,
+			       struct ibv_pd *ibpd,
+			       struct ibv_qp_init_attr *init,
+			       struct urdma_xrcd *xrcd)
 {
-	struct urdma_context *uctx = to_uctx(ibpd->context);
-	struct urdma_cq *scq, *rcq;
+	struct urdma_context *uctx = to_uctx(context);
+	enum ibv_qp_type type = init->qp_type;
+	bool tgt = type == IBV_QPT_XRC_RECV, ini = type == IBV_QPT_XRC_SEND;
 	struct ibv_qp_cap cap = init->cap;
+	struct urdma_cq *scq, *rcq;
 	struct urdma_qp *qp;
 	uint32_t qpn;
 	int ret;
 
-	if (init->qp_type != IBV_QPT_RC) {
-		urdma_dbg("only RC QPs are supported");
+	if (type != IBV_QPT_RC && !tgt && !ini) {
+		urdma_dbg("QP type %d is not supported", type);
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
-	if (init->srq && init->srq->context != ibpd->context) {
-		errno = EINVAL;
-		return NULL;
-	}
+	/* What the kind has: a target only its domain, a send QP no
+	 * receive queue (what the program passed for those is ignored). */
+	struct ibv_cq *app_scq = tgt ? NULL : init->send_cq;
+	struct ibv_cq *app_rcq = type == IBV_QPT_RC ? init->recv_cq : NULL;
+	struct ibv_srq *srq = tgt ? NULL : init->srq;
 
-	if (!init->send_cq || !init->recv_cq ||
-	    init->send_cq->context != ibpd->context ||
-	    init->recv_cq->context != ibpd->context ||
+	if (tgt) {
+		ibpd = NULL;
+		cap = (struct ibv_qp_cap){ 0 };
+	} else if (ini) {
+		cap.max_recv_wr = cap.max_recv_sge = 0;
+	}
+	if ((!tgt && (!ibpd || ibpd->context != context || !app_scq ||
+		      app_scq->context != context)) ||
+	    (type == IBV_QPT_RC && (!app_rcq || app_rcq->context != context)) ||
+	    (srq && (ini || srq->context != context || to_usrq(srq)->xrcd)) ||
+	    (tgt && !xrcd) ||
 	    cap.max_send_wr > URDMA_MAX_QP_WR ||
-	    (!init->srq && cap.max_recv_wr > URDMA_MAX_QP_WR) ||
+	    (!srq && cap.max_recv_wr > URDMA_MAX_QP_WR) ||
 	    cap.max_send_sge > URDMA_MAX_SGE ||
-	    (!init->srq && cap.max_recv_sge > URDMA_MAX_SGE) ||
+	    (!srq && cap.max_recv_sge > URDMA_MAX_SGE) ||
 	    cap.max_inline_data > URDMA_MAX_INLINE) {
 		errno = EINVAL;
 		return NULL;
 	}
-	if (!cap.max_send_wr)
-		cap.max_send_wr = 1;
-	if (!cap.max_send_sge)
-		cap.max_send_sge = 1;
-	if (!cap.max_recv_sge)
+	if (!tgt) {
+		if (!cap.max_send_wr)
+			cap.max_send_wr = 1;
+		if (!cap.max_send_sge)
+			cap.max_send_sge = 1;
+		if (cap.max_inline_data < 256)
+			cap.max_inline_data = 256;
+	}
+	if (!cap.max_recv_sge && type == IBV_QPT_RC)
 		cap.max_recv_sge = 1;
-	if (cap.max_inline_data < 256)
-		cap.max_inline_data = 256;
-	scq = to_ucq(init->send_cq);
-	rcq = to_ucq(init->recv_cq);
 
 	qp = urdma_zalloc(sizeof(*qp));
 	if (!qp) {
 		errno = ENOMEM;
 		return NULL;
 	}
+	if (tgt || ini) {
+		qp->own_cq = urdma_cq_new(context, 1, NULL, 0);
+		if (!qp->own_cq) {
+			urdma_free(qp);
+			return NULL;
+		}
+	}
+	scq = app_scq ? to_ucq(app_scq) : qp->own_cq;
+	rcq = app_rcq ? to_ucq(app_rcq) : qp->own_cq;
 	qp->uctx = uctx;
+	qp->pd = ibpd ? to_upd(ibpd) : NULL;
+	qp->scq = scq;
+	qp->rcq = rcq;
+	qp->xrcd = tgt ? xrcd : NULL;
 	qp->cap = cap;
 	qp->sq_sig_all = init->sq_sig_all;
 	qp->sq_size = roundup_pow2(cap.max_send_wr);
@@ -125,15 +157,15 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 		ret = ENOMEM;
 		goto err_free;
 	}
-	/* On an SRQ the QP's own receive queue is not used: its ring keeps
-	 * one entry, and it reports none. */
-	if (init->srq)
+	/* On an SRQ, or without a receive queue, the QP's own ring is not
+	 * used: it keeps one entry, and it reports none. */
+	if (srq || type != IBV_QPT_RC)
 		cap.max_recv_wr = 0;
 	ret = -urdma_rq_init(qp, cap.max_recv_wr,
-			     init->srq ? 1 : cap.max_recv_sge);
+			     srq || !cap.max_recv_sge ? 1 : cap.max_recv_sge);
 	if (ret)
 		goto err_free_sq;
-	if (init->srq)
+	if (srq)
 		qp->cap.max_recv_wr = qp->cap.max_recv_sge = 0;
 	ret = qp_number(qp, &qpn);
 	if (ret)
@@ -143,31 +175,35 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 		.version = URDMA_SHM_VERSION,
 		.qpn = qpn,
 		.ctx_id = uctx->ctx_id,
-		.pd_id = to_upd(ibpd)->id,
+		.qp_type = type,
+		.pd_id = qp->pd ? qp->pd->id : 0,
 		.rq_size = qp->rq.size,
 		.rq_stride = qp->rq.stride,
 		.rq_max_sge = qp->rq.max_sge,
 		.rq_offset = sizeof(struct urdma_shm_qp),
+		.xrcd_id = tgt ? xrcd->id : 0,
 	};
 	pthread_mutex_init(&qp->sq_lock, NULL);
 	pthread_mutex_init(&qp->rq_lock, NULL);
 	pthread_mutex_init(&qp->ibqp.mutex, NULL);
 	pthread_cond_init(&qp->ibqp.cond, NULL);
-	qp->ibqp.context = ibpd->context;
+	qp->ibqp.context = context;
 	qp->ibqp.qp_context = init->qp_context;
 	qp->ibqp.pd = ibpd;
-	qp->ibqp.send_cq = init->send_cq;
-	qp->ibqp.recv_cq = init->recv_cq;
-	qp->ibqp.srq = init->srq;
-	if (init->srq)
-		urdma_srq_attach(to_usrq(init->srq), qp);
+	qp->ibqp.send_cq = app_scq;
+	qp->ibqp.recv_cq = app_rcq;
+	qp->ibqp.srq = srq;
+	if (srq)
+		urdma_srq_attach(to_usrq(srq), qp);
 	/* Unique in the process, unlike QPNs and addresses (core/cm_link.h). */
 	qp->ibqp.handle = atomic_fetch_add(&next_handle, 1);
 	qp->ibqp.qp_num = qpn;
 	qp->ibqp.state = IBV_QPS_RESET;
-	qp->ibqp.qp_type = IBV_QPT_RC;
+	qp->ibqp.qp_type = type;
 	qp->attr.qp_state = IBV_QPS_RESET;
 	qp->attr.path_mtu = IBV_MTU_1024;
+	if (tgt)
+		urdma_xrc_tgt_add(qp);
 
 	pthread_mutex_lock(&uctx->lock);
 	list_add_tail(&qp->ctx_node, &uctx->qps);
@@ -182,12 +218,13 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	pthread_mutex_unlock(&rcq->lock);
 	atomic_fetch_add(&scq->usecnt, 1);
 	atomic_fetch_add(&rcq->usecnt, 1);
-	atomic_fetch_add(&to_upd(ibpd)->usecnt, 1);
+	if (qp->pd)
+		atomic_fetch_add(&qp->pd->usecnt, 1);
 	init->cap = qp->cap;
 	if (qp->qpn_tr)
 		qp->qpn_tr->qpn_bind(qp);
-	urdma_dbg("qp %#x created (sq %u, rq %u)", qpn, qp->sq_size,
-		  qp->rq.size);
+	urdma_dbg("qp %#x created (type %d, sq %u, rq %u)", qpn, type,
+		  qp->sq_size, qp->rq.size);
 	return &qp->ibqp;
 
 err_free_rq:
@@ -195,9 +232,24 @@ err_free_rq:
 err_free_sq:
 	urdma_free(qp->sq);
 err_free:
+	if (qp->own_cq)
+		urdma_destroy_cq(&qp->own_cq->ibcq);
 	urdma_free(qp);
 	errno = ret;
 	return NULL;
+}
+
+struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
+			       struct ibv_qp_init_attr *init)
+{
+	/* An XRC target needs ibv_create_qp_ex (its domain).  An XRC send
+	 * QP comes here too: ibv_create_qp_ex with only a PD calls
+	 * ibv_create_qp. */
+	if (init->qp_type == IBV_QPT_XRC_RECV) {
+		errno = EINVAL;
+		return NULL;
+	}
+	return urdma_qp_create(ibpd->context, ibpd, init, NULL);
 }
 
 /* Count the QP in its CQs' polled_qps while its transport has tr->poll. */
@@ -205,8 +257,8 @@ static void qp_count_polled(struct urdma_qp *qp, int d)
 {
 	if (!qp->tr || !qp->tr->poll)
 		return;
-	atomic_fetch_add(&to_ucq(qp->ibqp.send_cq)->polled_qps, d);
-	atomic_fetch_add(&to_ucq(qp->ibqp.recv_cq)->polled_qps, d);
+	atomic_fetch_add(&qp->scq->polled_qps, d);
+	atomic_fetch_add(&qp->rcq->polled_qps, d);
 }
 
 /*
@@ -217,8 +269,8 @@ static void qp_count_polled(struct urdma_qp *qp, int d)
 static void qp_disconnect(struct urdma_qp *qp)
 {
 	const struct urdma_transport_ops *tr = qp->tr;
-	struct urdma_cq *scq = to_ucq(qp->ibqp.send_cq),
-			*rcq = to_ucq(qp->ibqp.recv_cq);
+	struct urdma_cq *scq = qp->scq,
+			*rcq = qp->rcq;
 
 	if (!tr)
 		return;
@@ -251,8 +303,19 @@ static void cq_forget_qp(struct urdma_cq *cq, struct urdma_qp *qp)
 int urdma_destroy_qp(struct ibv_qp *ibqp)
 {
 	struct urdma_qp *qp = to_uqp(ibqp);
-	struct urdma_cq *scq = to_ucq(ibqp->send_cq), *rcq = to_ucq(ibqp->recv_cq);
-	struct urdma_context *uctx = qp->uctx;
+	struct urdma_cq *scq, *rcq;
+	struct urdma_context *uctx;
+
+	/* An XRC target lives until its last handle goes. */
+	if (qp->xrc_real || qp->xrcd) {
+		qp = urdma_xrc_handle_put(qp);
+		if (!qp)
+			return 0;
+		ibqp = &qp->ibqp;
+	}
+	scq = qp->scq;
+	rcq = qp->rcq;
+	uctx = qp->uctx;
 
 	if (qp->tr && qp->tr->drain)
 		qp->tr->drain(qp);
@@ -284,10 +347,13 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 		qp->qpn_tr->qpn_release(ibqp->qp_num);
 	atomic_fetch_sub(&scq->usecnt, 1);
 	atomic_fetch_sub(&rcq->usecnt, 1);
-	atomic_fetch_sub(&to_upd(ibqp->pd)->usecnt, 1);
+	if (qp->pd)
+		atomic_fetch_sub(&qp->pd->usecnt, 1);
 	urdma_rq_destroy(qp);
 	urdma_qp_ex_free(qp);
 	urdma_free(qp->sq);
+	if (qp->own_cq)
+		urdma_destroy_cq(&qp->own_cq->ibcq);
 	urdma_free(qp);
 	return 0;
 }
@@ -415,7 +481,13 @@ int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
 	struct urdma_qp *qp = to_uqp(ibqp);
 	enum ibv_qp_state cur, next;
 	const struct qp_trans *t;
-	int ret = 0;
+	int ret = 0, req, opt;
+
+	if (qp->xrc_real) { /* a handle of ibv_open_qp */
+		ret = urdma_modify_qp(&qp->xrc_real->ibqp, a, mask);
+		ibqp->state = qp->xrc_real->ibqp.state;
+		return ret;
+	}
 
 	pthread_mutex_lock(&qp->sq_lock);
 	cur = ibqp->state;
@@ -432,8 +504,24 @@ int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
 		t = &qp_trans[cur][next];
 	}
 	mask &= ~IBV_QP_STATE;
-	if (!t->ok || (mask & t->req) != t->req ||
-	    (mask & ~(t->req | t->opt))) {
+	/* As the kernel's uverbs: what an XRC QP has no use for is dropped
+	 * from the mask (perftest sets it for both kinds). */
+	if (ibqp->qp_type == IBV_QPT_XRC_SEND)
+		mask &= ~(IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	if (ibqp->qp_type == IBV_QPT_XRC_RECV)
+		mask &= ~(IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT |
+			  IBV_QP_RNR_RETRY);
+	req = t->req;
+	opt = t->opt;
+	/* XRC QPs as the kernel's table has them: the send QP has no
+	 * responder resources; the target has no requester ones. */
+	if (ibqp->qp_type == IBV_QPT_XRC_SEND && next == IBV_QPS_RTR &&
+	    cur == IBV_QPS_INIT)
+		req &= ~(IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	if (ibqp->qp_type == IBV_QPT_XRC_RECV && next == IBV_QPS_RTS &&
+	    cur == IBV_QPS_RTR)
+		req = IBV_QP_TIMEOUT | IBV_QP_SQ_PSN;
+	if (!t->ok || (mask & req) != req || (mask & ~(req | opt))) {
 		urdma_dbg("qp %#x: %s -> %s with mask %#x refused",
 			  ibqp->qp_num, qp_state_names[cur],
 			  qp_state_names[next], mask);
@@ -551,6 +639,12 @@ int urdma_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask,
 {
 	struct urdma_qp *qp = to_uqp(ibqp);
 
+	if (qp->xrc_real) {
+		int ret = urdma_query_qp(&qp->xrc_real->ibqp, a, mask, init);
+
+		init->qp_context = ibqp->qp_context;
+		return ret;
+	}
 	pthread_mutex_lock(&qp->sq_lock);
 	*a = qp->attr;
 	a->qp_state = ibqp->state;

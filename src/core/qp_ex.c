@@ -222,6 +222,15 @@ static void ex_set_inline(struct ibv_qp_ex *x, void *addr, size_t length)
 	ex_set_inline_list(x, 1, &one);
 }
 
+/* An XRC send QP's: the SRQ the WR is for (ibv_wr_set_xrc_srqn). */
+static void ex_set_xrc_srqn(struct ibv_qp_ex *x, uint32_t srqn)
+{
+	struct ibv_send_wr *wr = wr_last(ex_to_uqp(x)->wrb);
+
+	if (wr)
+		wr->qp_type.xrc.remote_srqn = srqn;
+}
+
 static void ex_start(struct ibv_qp_ex *x)
 {
 	struct urdma_wr_batch *b = ex_to_uqp(x)->wrb;
@@ -289,6 +298,8 @@ static int qp_ex_init(struct urdma_qp *qp, uint64_t ops)
 	x->wr_set_sge_list = ex_set_sge_list;
 	x->wr_set_inline_data = ex_set_inline;
 	x->wr_set_inline_data_list = ex_set_inline_list;
+	if (qp->ibqp.qp_type == IBV_QPT_XRC_SEND)
+		x->wr_set_xrc_srqn = ex_set_xrc_srqn;
 	x->wr_start = ex_start;
 	x->wr_complete = ex_complete;
 	x->wr_abort = ex_abort;
@@ -327,19 +338,25 @@ struct ibv_qp *urdma_create_qp_ex(struct ibv_context *context,
 		.qp_type = ax->qp_type,
 		.sq_sig_all = ax->sq_sig_all,
 	};
+	bool tgt = ax->qp_type == IBV_QPT_XRC_RECV;
+	struct urdma_xrcd *xrcd = NULL;
 	struct ibv_qp *ibqp;
 	int ret;
 
+	/* A PD for all but an XRC target, which has a domain instead. */
 	if ((ax->comp_mask & ~(uint32_t)QP_INIT_ATTR_KNOWN) ||
-	    !(ax->comp_mask & IBV_QP_INIT_ATTR_PD) || !ax->pd ||
-	    ax->pd->context != context) {
+	    (!tgt && (!(ax->comp_mask & IBV_QP_INIT_ATTR_PD) || !ax->pd ||
+		      ax->pd->context != context)) ||
+	    (tgt && (!(ax->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !ax->xrcd ||
+		     ax->xrcd->context != context))) {
 		errno = EINVAL;
 		return NULL;
 	}
-	/* XRC, TSO, RSS and the creation flags (self-multicast blocking,
-	 * FCS scatter, VLAN stripping, source QPN) are not implemented. */
-	if ((ax->comp_mask & (IBV_QP_INIT_ATTR_XRCD |
-			      IBV_QP_INIT_ATTR_MAX_TSO_HEADER |
+	if (tgt)
+		xrcd = to_uxrcd(ax->xrcd);
+	/* TSO, RSS and the creation flags (self-multicast blocking, FCS
+	 * scatter, VLAN stripping, source QPN) are not implemented. */
+	if ((ax->comp_mask & (IBV_QP_INIT_ATTR_MAX_TSO_HEADER |
 			      IBV_QP_INIT_ATTR_IND_TABLE |
 			      IBV_QP_INIT_ATTR_RX_HASH)) ||
 	    ((ax->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
@@ -349,7 +366,7 @@ struct ibv_qp *urdma_create_qp_ex(struct ibv_context *context,
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
-	ibqp = urdma_create_qp(ax->pd, &init);
+	ibqp = urdma_qp_create(context, tgt ? NULL : ax->pd, &init, xrcd);
 	if (!ibqp)
 		return NULL;
 	ax->cap = init.cap;

@@ -322,8 +322,11 @@ int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	pthread_mutex_lock(&qp->rq_lock);
 	prod = atomic_load_explicit(&qp->rq_prod, memory_order_relaxed);
 	for (; wr; wr = wr->next) {
-		if (ibqp->state == IBV_QPS_RESET || qp->srq) {
-			ret = EINVAL; /* a QP on an SRQ receives from it */
+		if (ibqp->state == IBV_QPS_RESET || qp->srq ||
+		    ibqp->qp_type != IBV_QPT_RC) {
+			/* A QP on an SRQ receives from it; XRC QPs have no
+			 * receive queue. */
+			ret = EINVAL;
 			break;
 		}
 		if ((uint32_t)wr->num_sge > qp->cap.max_recv_sge ||
@@ -355,6 +358,6 @@ int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 						  memory_order_relaxed) &&
 				     atomic_exchange(&s->rnr_waiter, 0));
 	if (ibqp->state == IBV_QPS_ERR)
-		urdma_cq_notify(to_ucq(ibqp->recv_cq));
+		urdma_cq_notify(qp->rcq);
 	return ret;
 }

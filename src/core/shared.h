@@ -12,6 +12,9 @@
  *   <dir>/qp-<qpn>  struct urdma_qp_rec: which context holds QP qpn, and
  *                   where its shared block (struct urdma_shm_qp and the
  *                   receive ring) is in that process's identity memfd
+ *   <dir>/srq-<n>   the same for XRC SRQ n (struct urdma_shm_srq)
+ *   <dir>/xrcd-<id> an empty file each process that has XRC domain id
+ *                   open holds a shared flock on (core/xrc.c)
  *
  * Rules: offsets and ids, never pointers; every struct starts with magic and
  * version; sizes are fixed by static_assert; fields written by different
@@ -37,7 +40,7 @@
 #include <stdint.h>
 
 #define URDMA_SHM_MAGIC 0x75726d61u /* "urma" */
-#define URDMA_SHM_VERSION 6u
+#define URDMA_SHM_VERSION 7u
 #define URDMA_CACHELINE 64
 
 /* MR table: key = (index << URDMA_MR_TAG_BITS) | random tag.  The index
@@ -173,8 +176,8 @@ struct urdma_shm_qp {
 	uint32_t version;
 	uint32_t qpn;
 	uint32_t ctx_id;
-	uint32_t reserved1;
-	uint32_t pd_id;
+	uint32_t qp_type; /* enum ibv_qp_type */
+	uint32_t pd_id;	  /* 0: none (an XRC target) */
 	_Atomic uint32_t state;	 /* URDMA_SQPS_* */
 	_Atomic uint32_t dest_qpn; /* valid from RTR */
 	uint32_t access;	 /* qp_access_flags */
@@ -193,6 +196,9 @@ struct urdma_shm_qp {
 	alignas(URDMA_CACHELINE) uint64_t srq_va;
 	uint64_t srq_bytes;
 	uint32_t srqn;
+	/* An XRC target: receives go to the XRC SRQ each message names, of
+	 * this domain (struct urdma_shm_srq.xrcd_id). */
+	uint64_t xrcd_id;
 	/* Written by deliverers. */
 	alignas(URDMA_CACHELINE) _Atomic uint32_t error_req; /* please enter ERR */
 	_Atomic uint32_t rnr_waiter; /* wake the peer on the next post_recv */
@@ -225,10 +231,15 @@ struct urdma_shm_srq {
 	uint32_t rq_max_sge;
 	uint32_t rq_offset;	/* sizeof(struct urdma_shm_srq) */
 	_Atomic uint32_t limit; /* armed srq_limit, 0: not armed */
+	/* An XRC SRQ: its domain (0: a basic SRQ), and whether its CQ is
+	 * armed (URDMA_NOTIFY_*), as a QP's notify. */
+	uint64_t xrcd_id;
+	_Atomic uint32_t notify;
 	/* Written by deliverers. */
 	alignas(URDMA_CACHELINE) _Atomic uint32_t claim;
 	_Atomic uint32_t rnr_waiter; /* wake the owner's peers on a post */
 	_Atomic uint32_t limit_hit;  /* fewer than limit left: tell the owner */
+	_Atomic uint32_t notify_fired; /* a deliverer consumed 'notify' */
 	/* Producer index (owner). */
 	alignas(URDMA_CACHELINE) _Atomic uint32_t prod;
 	alignas(URDMA_CACHELINE) uint8_t rq[];

@@ -76,7 +76,7 @@ static void sq_complete(struct urdma_qp *qp, struct urdma_swqe *wqe,
 	wc.opcode = wc_opcode[wqe->opcode];
 	wc.byte_len = wqe->byte_len;
 	wc.qp_num = qp->ibqp.qp_num;
-	urdma_cq_push(to_ucq(qp->ibqp.send_cq), &wc, qp, qp->unsignaled + 1);
+	urdma_cq_push(qp->scq, &wc, qp, qp->unsignaled + 1);
 	qp->unsignaled = 0;
 }
 
@@ -139,7 +139,7 @@ static void sq_set_pending(struct urdma_qp *qp, bool pending)
 	qp->sq_pending = pending;
 	if (pending && !was) {
 		/* Retried from poll_cq, and by the progress thread's timer. */
-		atomic_store(&to_ucq(qp->ibqp.send_cq)->sq_pending, 1);
+		atomic_store(&qp->scq->sq_pending, 1);
 		urdma_progress_kick();
 	}
 }
@@ -255,7 +255,7 @@ static void sq_run(struct urdma_qp *qp)
 	/* In ERR: send errors and flushes are in the CQ; now the receives.
 	 * Flushed receives are completions: wake an armed CQ. */
 	if (qp->ibqp.state == IBV_QPS_ERR && urdma_rq_flush(qp))
-		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
+		urdma_cq_notify(qp->rcq);
 }
 
 /* A receive's notification held back for the completions retired now
@@ -265,7 +265,7 @@ static void fire_held(struct urdma_qp *qp)
 	struct urdma_shm_qp *s = qp->shm;
 
 	if (atomic_load(&s->notify_fired) && atomic_exchange(&s->notify_fired, 0))
-		urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
+		urdma_cq_notify(qp->rcq);
 }
 
 /* The engine, and a receive's event held for the completions it retires
@@ -300,7 +300,7 @@ void urdma_qp_notify_recv(struct urdma_qp *qp)
 		urdma_sq_run(qp);
 		pthread_mutex_unlock(&qp->sq_lock);
 	}
-	urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
+	urdma_cq_notify(qp->rcq);
 }
 
 /* A transport finished a WR it had posted (URDMA_TX_POSTED): mark it, then
@@ -410,7 +410,7 @@ bool urdma_qp_maintain(struct urdma_qp *qp)
 	/* In ERR, the receives wait for a deliverer to leave the ring. */
 	if (atomic_load(&qp->rq_flush_wait)) {
 		if (urdma_rq_flush(qp))
-			urdma_cq_notify(to_ucq(qp->ibqp.recv_cq));
+			urdma_cq_notify(qp->rcq);
 		again = true;
 	}
 	tr = qp->tr; /* read once: modify_qp may clear it meanwhile */
@@ -499,7 +499,15 @@ static int sq_admit(struct urdma_qp *qp, const struct ibv_send_wr *wr,
 	enum ibv_qp_state st = qp->ibqp.state;
 	int ret;
 
-	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR)
+	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR ||
+	    qp->ibqp.qp_type == IBV_QPT_XRC_RECV)
+		return EINVAL; /* an XRC target has no send queue */
+	/* An XRC send QP names the SRQ; its messages do not invalidate
+	 * (the Invalidate STag's field carries the SRQ over TCP). */
+	if (qp->ibqp.qp_type == IBV_QPT_XRC_SEND &&
+	    (wr->opcode == IBV_WR_SEND_WITH_INV ||
+	     !wr->qp_type.xrc.remote_srqn ||
+	     wr->qp_type.xrc.remote_srqn > 0xffffff))
 		return EINVAL;
 	ret = check_send_wr(qp, wr, len);
 	if (ret)
@@ -522,6 +530,9 @@ static void sq_put(struct urdma_qp *qp, const struct ibv_send_wr *wr,
 	w->send_flags = wr->send_flags;
 	w->imm_data = wr->imm_data;
 	w->byte_len = len;
+	w->xrc_srqn = qp->ibqp.qp_type == IBV_QPT_XRC_SEND ?
+			      wr->qp_type.xrc.remote_srqn :
+			      0;
 	w->first_try_ns = 0;
 	w->rnr_tries = 0;
 	atomic_store_explicit(&w->done, 0, memory_order_relaxed);
@@ -634,7 +645,7 @@ enum ibv_wc_status urdma_local_spans(struct urdma_qp *qp,
 				     struct urdma_span *spans, int *n,
 				     uint32_t access)
 {
-	uint32_t pd_id = to_upd(qp->ibqp.pd)->id;
+	uint32_t pd_id = qp->pd->id;
 	int k = 0;
 
 	if (wqe->send_flags & IBV_SEND_INLINE) {

@@ -131,7 +131,10 @@ struct ibv_srq *urdma_create_srq_ex(struct ibv_context *context,
 {
 	struct ibv_srq_init_attr init = { .srq_context = ax->srq_context,
 					  .attr = ax->attr };
+	bool xrc = (ax->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) &&
+		   ax->srq_type == IBV_SRQT_XRC;
 	struct ibv_srq *srq;
+	int ret;
 
 	if ((ax->comp_mask & ~(uint32_t)(IBV_SRQ_INIT_ATTR_TYPE |
 					  IBV_SRQ_INIT_ATTR_PD |
@@ -139,20 +142,34 @@ struct ibv_srq *urdma_create_srq_ex(struct ibv_context *context,
 					  IBV_SRQ_INIT_ATTR_CQ |
 					  IBV_SRQ_INIT_ATTR_TM)) ||
 	    !(ax->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !ax->pd ||
-	    ax->pd->context != context) {
+	    ax->pd->context != context ||
+	    (xrc && (!(ax->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !ax->xrcd ||
+		     ax->xrcd->context != context ||
+		     !(ax->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !ax->cq ||
+		     ax->cq->context != context))) {
 		errno = EINVAL;
 		return NULL;
 	}
-	/* XRC and tag matching SRQs are not implemented. */
+	/* Tag matching SRQs are not implemented. */
 	if (((ax->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) &&
-	     ax->srq_type != IBV_SRQT_BASIC) ||
-	    (ax->comp_mask & (IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_TM))) {
+	     ax->srq_type != IBV_SRQT_BASIC && !xrc) ||
+	    (ax->comp_mask & IBV_SRQ_INIT_ATTR_TM)) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
 	srq = urdma_create_srq(ax->pd, &init);
-	if (srq)
-		ax->attr = init.attr;
+	if (!srq)
+		return NULL;
+	if (xrc) {
+		ret = -urdma_xsrq_setup(to_usrq(srq), to_uxrcd(ax->xrcd),
+					to_ucq(ax->cq));
+		if (ret) {
+			urdma_destroy_srq(srq);
+			errno = ret;
+			return NULL;
+		}
+	}
+	ax->attr = init.attr;
 	return srq;
 }
 
@@ -206,7 +223,10 @@ int urdma_destroy_srq(struct ibv_srq *ibsrq)
 	pthread_mutex_lock(&uctx->lock);
 	list_del(&srq->ctx_node);
 	pthread_mutex_unlock(&uctx->lock);
-	/* A poller that found it on a CQ's QP is done with it. */
+	if (srq->xrcd)
+		urdma_xsrq_teardown(srq);
+	/* A poller that found it on a CQ's QP (or its CQ) is done with it;
+	 * so is a receive path that found it by number (xrc.c). */
 	while (atomic_load(&srq->drainers))
 		sched_yield();
 	atomic_fetch_sub(&to_upd(ibsrq->pd)->usecnt, 1);
@@ -228,6 +248,11 @@ static void srq_wake(struct urdma_srq *srq)
 	list_for_each_entry(qp, &srq->qps, srq_node)
 		urdma_qp_recv_posted(qp, true);
 	pthread_mutex_unlock(&srq->lock);
+	/* An XRC SRQ's deliverers are whoever names it: ours (a target's
+	 * stream held for a receive) are looked at again by the progress
+	 * thread; another process's retry as after an RNR. */
+	if (srq->xrcd)
+		urdma_progress_kick();
 }
 
 int urdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
@@ -321,9 +346,32 @@ static bool srq_abandoned(struct urdma_srq *srq)
 	return true;
 }
 
+/* An XRC SRQ's published entry at srq->poll: a completion of the target
+ * QP it names, into the SRQ's own CQ.  Under srq->lock. */
+static void srq_take_xrc(struct urdma_srq *srq, struct urdma_shm_rqe *e,
+			 const struct urdma_rq_wr *pw)
+{
+	struct ibv_wc wc = { 0 };
+
+	if (urdma_rqe_take(e, pw->len, &wc) ||
+	    (wc.wc_flags & IBV_WC_WITH_INV)) {
+		/* Nonsense a deliverer wrote: the WR is not lost. */
+		urdma_warn("xrc srq %#x: a completion that can't be: the WR "
+			   "is posted again", srq->srqn);
+		srq_repost(srq, srq->poll++);
+		return;
+	}
+	wc.wr_id = pw->wr_id;
+	wc.qp_num = READ_ONCE(e->srq_qpn);
+	wc.src_qp = READ_ONCE(e->src_qp);
+	urdma_cq_push(srq->cq, &wc, NULL, 0);
+	srq->poll++;
+	__atomic_store_n(&srq->stuck_ns, 0, __ATOMIC_RELAXED);
+}
+
 /*
  * Take the published entries, in order, into the receive CQs of the QPs
- * they name.  Any thread; cq locks are taken inside srq->lock, never the
+ * they name (an XRC SRQ: into its own CQ).  Any thread; cq locks are taken inside srq->lock, never the
  * other way round.
  */
 void urdma_srq_drain(struct urdma_srq *srq)
@@ -361,6 +409,10 @@ void urdma_srq_drain(struct urdma_srq *srq)
 			srq_repost(srq, srq->poll++);
 			continue;
 		}
+		if (srq->xrcd) {
+			srq_take_xrc(srq, e, pw);
+			continue;
+		}
 		qp = srq_qp(srq, READ_ONCE(e->srq_qpn));
 		/* One that can't have received (RESET, INIT) is nobody. */
 		if (qp && (qp->ibqp.state == IBV_QPS_RESET ||
@@ -380,7 +432,7 @@ void urdma_srq_drain(struct urdma_srq *srq)
 		wc.qp_num = qp->ibqp.qp_num;
 		wc.src_qp = qp->attr.dest_qp_num;
 		urdma_rq_invalidate(qp, e, &wc);
-		urdma_cq_push(to_ucq(qp->ibqp.recv_cq), &wc, qp, 0);
+		urdma_cq_push(qp->rcq, &wc, qp, 0);
 		srq->poll++;
 		__atomic_store_n(&srq->stuck_ns, 0, __ATOMIC_RELAXED);
 	}
@@ -398,6 +450,13 @@ void urdma_srq_maintain(struct urdma_srq *srq)
 
 	if (__atomic_load_n(&srq->stuck_ns, __ATOMIC_RELAXED))
 		urdma_srq_drain(srq);
+	/* A deliverer completed into an XRC SRQ whose CQ is armed: taken
+	 * into the CQ, which fires (urdma_cq_push). */
+	if (srq->xrcd && atomic_load(&s->notify_fired) &&
+	    atomic_exchange(&s->notify_fired, 0)) {
+		urdma_srq_drain(srq);
+		urdma_cq_notify(srq->cq);
+	}
 	if (!atomic_load(&s->limit_hit) || !atomic_exchange(&s->limit_hit, 0))
 		return;
 	pthread_mutex_lock(&srq->lock);
@@ -423,7 +482,7 @@ void urdma_srq_attach(struct urdma_srq *srq, struct urdma_qp *qp)
 	pthread_mutex_lock(&srq->lock);
 	list_add_tail(&qp->srq_node, &srq->qps);
 	pthread_mutex_unlock(&srq->lock);
-	atomic_fetch_add(&to_ucq(qp->ibqp.recv_cq)->srq_qps, 1);
+	atomic_fetch_add(&qp->rcq->srq_qps, 1);
 }
 
 /* qp, being destroyed, no longer does.  An entry published for it after
@@ -431,7 +490,7 @@ void urdma_srq_attach(struct urdma_srq *srq, struct urdma_qp *qp)
 void urdma_srq_detach(struct urdma_qp *qp)
 {
 	struct urdma_srq *srq = qp->srq;
-	struct urdma_cq *rcq = to_ucq(qp->ibqp.recv_cq);
+	struct urdma_cq *rcq = qp->rcq;
 
 	if (!srq)
 		return;

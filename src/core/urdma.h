@@ -161,6 +161,7 @@ struct urdma_cq {
 	uint64_t mod_period_ns;
 	_Atomic uint64_t mod_due;
 	uint32_t srq_turn;	/* where cq_drain_srqs starts, under lock */
+	struct list_head xrc_srqs; /* XRC SRQs completing here, under lock */
 	struct urdma_channel *chan;
 	_Atomic int usecnt;
 	uint32_t events_reported; /* by ibv_get_cq_event, under ibcq.mutex */
@@ -188,6 +189,7 @@ struct urdma_swqe {
 	uint32_t byte_len;
 	uint32_t rnr_tries;
 	uint32_t inline_len;
+	uint32_t xrc_srqn; /* an XRC send QP's: the target SRQ */
 	_Atomic uint32_t done; /* 0, or the completion status + 1 */
 	struct ibv_sge sge[]; /* then inline data */
 };
@@ -211,6 +213,16 @@ struct urdma_rq_wr {
 	uint64_t len;
 };
 
+/* An XRC domain (xrc.c): the XRC SRQs and target QPs of every process of
+ * the user that opened it through the same file (or this one alone). */
+struct urdma_xrcd {
+	struct ibv_xrcd ibxrcd;
+	struct list_head node; /* in the process's list, under its lock */
+	uint64_t id;	       /* the file's device and inode, or random */
+	int lock_fd;	       /* held shared while open (xrcd-<id>), or -1 */
+	_Atomic int usecnt;    /* XRC SRQs and QPs made in it */
+};
+
 /* A shared receive queue (srq.c); its ring is shared like a QP's. */
 struct urdma_srq {
 	struct ibv_srq ibsrq;
@@ -227,10 +239,28 @@ struct urdma_srq {
 	uint32_t prod, poll;	   /* posted; next to take */
 	uint32_t limit;		   /* armed srq_limit, 0: none */
 	uint32_t srqn;
+	/* An XRC SRQ: its domain, and the CQ it completes into itself
+	 * (in cq->xrc_srqs); srqn is then published (srq-<srqn>). */
+	struct urdma_xrcd *xrcd;
+	struct urdma_cq *cq;
+	struct list_head cq_node;
+	struct list_head xrc_node; /* in the process's list (xrc.c) */
 	bool bad; /* a deliverer wrote nonsense: nothing more is taken */
 	uint32_t stuck_idx;
 	uint64_t stuck_ns;    /* since when poll has waited for its entry */
 	_Atomic int drainers; /* pollers using it without a lock */
+};
+
+/* An XRC SRQ of this user found by its number (srq-<srqn>), of whichever
+ * process: its context (a reference) and its block there, checked, the
+ * geometry copied (transport.c: urdma_xsrq_ref_find). */
+struct urdma_xsrq_ref {
+	uint32_t srqn; /* 0: none */
+	uint32_t pd_id;
+	struct urdma_peer *peer;
+	struct urdma_shm_srq *shm;
+	uint8_t *ring;
+	struct urdma_rq_geo rq;
 };
 
 struct urdma_wr_batch;
@@ -245,6 +275,22 @@ struct urdma_qp {
 	struct list_head srq_node;
 	_Atomic bool last_wqe_due; /* in ERR: LAST_WQE_REACHED to report */
 	struct urdma_context *uctx;
+	/* What the engine uses: the public ones, or for those an XRC QP
+	 * has not (NULL in ibqp), a CQ of its own that nothing reaches
+	 * (own_cq); pd is NULL for an XRC target. */
+	struct urdma_pd *pd;
+	struct urdma_cq *scq, *rcq, *own_cq;
+	/* XRC (xrc.c): the domain of a target QP; a handle of ibv_open_qp
+	 * stands for xrc_real; the real one counts its handles. */
+	struct urdma_xrcd *xrcd;
+	struct urdma_qp *xrc_real;
+	_Atomic int xrc_refs;
+	struct list_head xrc_node; /* a target QP, in the process's list */
+	/* An XRC send QP over shm: the domain of the target QP, and the
+	 * SRQ its last WR named, whose context's memory and keys the WR
+	 * uses (shm_transport.c), under sq_lock. */
+	uint64_t peer_xrcd;
+	struct urdma_xsrq_ref xsrq;
 	struct list_head ctx_node, scq_node, rcq_node;
 	struct ibv_qp_attr attr; /* as last set */
 	struct ibv_qp_cap cap;
@@ -325,6 +371,10 @@ static inline struct urdma_srq *to_usrq(struct ibv_srq *s)
 {
 	return container_of(s, struct urdma_srq, ibsrq);
 }
+static inline struct urdma_xrcd *to_uxrcd(struct ibv_xrcd *x)
+{
+	return container_of(x, struct urdma_xrcd, ibxrcd);
+}
 static inline struct urdma_qp *to_uqp(struct ibv_qp *q)
 {
 	return container_of(q, struct urdma_qp, ibqp);
@@ -386,8 +436,14 @@ void urdma_host_qp_unpublish(uint32_t qpn);
 /* Read qp-<qpn>: 0, -ENOENT (none of ours), -EINVAL (malformed), -EPERM
  * (not a file of ours). */
 int urdma_host_qp_find(uint32_t qpn, struct urdma_qp_rec *rec);
-/* qp-<qpn> is malformed or names a context nobody listens for. */
-bool urdma_host_qp_stale(uint32_t qpn);
+/* The same for the records <kind>-<num> ("qp", "srq"). */
+int urdma_host_rec_publish(const char *kind, uint32_t num, uint32_t ctx_id,
+			   uint64_t va, uint64_t size);
+void urdma_host_rec_unpublish(const char *kind, uint32_t num);
+int urdma_host_rec_find(const char *kind, uint32_t num,
+			struct urdma_qp_rec *rec);
+/* <kind>-<num> is malformed or names a context nobody listens for. */
+bool urdma_host_rec_stale(const char *kind, uint32_t num);
 /* Connect to our user's context socket ctx-<id>: the socket, or -errno
  * (-ENOENT: no such name; -EPERM: not a socket of our user;
  * -ECONNREFUSED: nobody listens). */
@@ -521,6 +577,25 @@ void urdma_rqe_post(struct urdma_shm_rqe *e, struct urdma_rq_wr *pw,
 		    const struct ibv_recv_wr *wr);
 void urdma_rq_invalidate(struct urdma_qp *qp, const struct urdma_shm_rqe *e,
 			 struct ibv_wc *w);
+/* xrc.c */
+struct ibv_xrcd *urdma_open_xrcd(struct ibv_context *context,
+				 struct ibv_xrcd_init_attr *attr);
+int urdma_close_xrcd(struct ibv_xrcd *xrcd);
+int urdma_get_srq_num(struct ibv_srq *srq, uint32_t *srq_num);
+int urdma_xsrq_setup(struct urdma_srq *srq, struct urdma_xrcd *xrcd,
+		     struct urdma_cq *cq);
+void urdma_xsrq_teardown(struct urdma_srq *srq);
+/* The XRC SRQ srqn of domain xrcd_id, of this process, held (its
+ * drainers) until urdma_xsrq_put; or NULL. */
+struct urdma_srq *urdma_xsrq_get(uint64_t xrcd_id, uint32_t srqn);
+void urdma_xsrq_put(struct urdma_srq *srq);
+/* The PDs (up to max) of the XRC SRQs of domain xrcd_id in context uctx. */
+int urdma_xsrq_pds(uint64_t xrcd_id, const struct urdma_context *uctx,
+		   uint32_t *pds, int max);
+void urdma_xrc_tgt_add(struct urdma_qp *qp);
+struct ibv_qp *urdma_open_qp(struct ibv_context *context,
+			     struct ibv_qp_open_attr *attr);
+struct urdma_qp *urdma_xrc_handle_put(struct urdma_qp *h);
 /* srq.c */
 struct ibv_srq *urdma_create_srq(struct ibv_pd *pd,
 				 struct ibv_srq_init_attr *init);
@@ -598,6 +673,7 @@ int urdma_cq_poll(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 struct urdma_cq *urdma_cq_new(struct ibv_context *context, int cqe,
 			      struct ibv_comp_channel *channel,
 			      uint32_t comp_vector);
+int urdma_destroy_cq(struct ibv_cq *cq);
 struct ibv_cq_ex *urdma_create_cq_ex(struct ibv_context *context,
 				     struct ibv_cq_init_attr_ex *attr);
 int urdma_query_rt_values(struct ibv_context *context,
@@ -610,6 +686,10 @@ int urdma_post_send_all(struct urdma_qp *qp, const struct ibv_send_wr *wr,
 			uint32_t n);
 struct ibv_qp *urdma_create_qp(struct ibv_pd *pd,
 			       struct ibv_qp_init_attr *init);
+struct ibv_qp *urdma_qp_create(struct ibv_context *context,
+			       struct ibv_pd *pd,
+			       struct ibv_qp_init_attr *init,
+			       struct urdma_xrcd *xrcd);
 int urdma_destroy_qp(struct ibv_qp *qp);
 struct ibv_qp *urdma_create_qp_ex(struct ibv_context *context,
 				  struct ibv_qp_init_attr_ex *attr);

@@ -56,7 +56,7 @@ const struct urdma_transport_ops *urdma_pick_transport(struct urdma_qp *qp,
 	else if (a->ah_attr.is_global &&
 		 !urdma_gid_is_local(qp->uctx, a->ah_attr.grh.dgid.raw))
 		tr = &urdma_tcp_transport;
-	else if (!urdma_host_qp_stale(a->dest_qp_num) &&
+	else if (!urdma_host_rec_stale("qp", a->dest_qp_num) &&
 		 !urdma_host_qp_find(a->dest_qp_num, &(struct urdma_qp_rec){ 0 }))
 		tr = &urdma_shm_transport;
 	else {
@@ -279,18 +279,60 @@ int urdma_shm_qp_check(const struct urdma_shm_qp *h, uint64_t bytes,
 }
 
 int urdma_shm_srq_check(const struct urdma_shm_srq *h, uint64_t bytes,
-			const struct urdma_shm_qp *q, uint32_t ctx_id,
+			uint32_t srqn, uint64_t xrcd_id, uint32_t ctx_id,
 			struct urdma_rq_geo *g, uint32_t *pd_id)
 {
 	if (bytes < sizeof(*h) || READ_ONCE(h->magic) != URDMA_SHM_MAGIC ||
 	    READ_ONCE(h->version) != URDMA_SHM_VERSION ||
-	    READ_ONCE(h->srqn) != READ_ONCE(q->srqn) ||
+	    READ_ONCE(h->srqn) != srqn || READ_ONCE(h->xrcd_id) != xrcd_id ||
 	    READ_ONCE(h->ctx_id) != ctx_id)
 		return -EINVAL;
 	*pd_id = READ_ONCE(h->pd_id);
 	return ring_geo(READ_ONCE(h->rq_size), READ_ONCE(h->rq_stride),
 			READ_ONCE(h->rq_max_sge), READ_ONCE(h->rq_offset),
 			sizeof(*h), bytes, URDMA_MAX_SRQ_WR, g);
+}
+
+int urdma_xsrq_ref_find(struct urdma_xsrq_ref *r, uint32_t srqn,
+			uint64_t xrcd_id)
+{
+	struct urdma_qp_rec rec;
+	struct urdma_shm_srq *s;
+	struct urdma_peer *p;
+	uint64_t avail;
+	int ret;
+
+	if (r->srqn == srqn && r->shm)
+		return 0;
+	r->srqn = 0;
+	r->shm = NULL;
+	if (urdma_host_rec_find("srq", srqn, &rec) || rec.size < sizeof(*s) ||
+	    rec.size > URDMA_SHM_BLOCK_MAX || (rec.va & 4095) ||
+	    rec.va >> URDMA_VA_BITS)
+		return -ENOENT;
+	p = urdma_peer_get(rec.ctx_id);
+	if (!p)
+		return -ENOENT;
+	urdma_peer_set(&r->peer, p);
+	ret = urdma_peer_wait(p, 0);
+	if (ret)
+		return ret == -EAGAIN ? ret : -ENOENT;
+	s = urdma_peer_ptr(p, rec.va, &avail);
+	if (!s || avail < rec.size ||
+	    urdma_shm_srq_check(s, rec.size, srqn, xrcd_id, rec.ctx_id, &r->rq,
+				&r->pd_id))
+		return -ENOENT;
+	r->ring = (uint8_t *)s + sizeof(*s);
+	r->shm = s;
+	r->srqn = srqn;
+	return 0;
+}
+
+void urdma_xsrq_ref_drop(struct urdma_xsrq_ref *r)
+{
+	r->srqn = 0;
+	r->shm = NULL;
+	urdma_peer_set(&r->peer, NULL);
 }
 
 /* Our pid without a system call per message (getpid makes one); a
@@ -371,7 +413,7 @@ void urdma_srq_publish(struct urdma_shm_rqe *e, uint32_t idx, uint32_t qpn)
 	atomic_store_explicit(&e->srq_tag, idx + 1, memory_order_release);
 }
 
-bool urdma_rq_notify_claim(struct urdma_shm_qp *t, bool solicited)
+bool urdma_rq_notify_claim(_Atomic uint32_t *notify, bool solicited)
 {
 	uint32_t n;
 
@@ -380,10 +422,10 @@ bool urdma_rq_notify_claim(struct urdma_shm_qp *t, bool solicited)
 	 * miss both the completion and the event (x86 reorders a store with
 	 * a later load). */
 	atomic_thread_fence(memory_order_seq_cst);
-	n = atomic_load_explicit(&t->notify, memory_order_relaxed);
+	n = atomic_load_explicit(notify, memory_order_relaxed);
 	if (n != URDMA_NOTIFY_ANY && !(n == URDMA_NOTIFY_SOLICITED && solicited))
 		return false;
-	return atomic_exchange(&t->notify, URDMA_NOTIFY_NONE) !=
+	return atomic_exchange(notify, URDMA_NOTIFY_NONE) !=
 	       URDMA_NOTIFY_NONE;
 }
 

@@ -119,8 +119,18 @@ int urdma_shm_qp_check(const struct urdma_shm_qp *h, uint64_t bytes,
 /* Check the SRQ block h of `bytes` bytes that QP block q names, of context
  * ctx_id; its geometry to *g, its PD to *pd_id.  0 or -EINVAL. */
 int urdma_shm_srq_check(const struct urdma_shm_srq *h, uint64_t bytes,
-			const struct urdma_shm_qp *q, uint32_t ctx_id,
+			uint32_t srqn, uint64_t xrcd_id, uint32_t ctx_id,
 			struct urdma_rq_geo *g, uint32_t *pd_id);
+/* The largest shared block a record may name: an arena chunk
+ * (core/arena.c). */
+#define URDMA_SHM_BLOCK_MAX (64ull << 20)
+/* Find XRC SRQ srqn of domain xrcd_id by its record, in whichever of
+ * this user's contexts has it, into r (kept while it names srqn): 0,
+ * -EAGAIN (its context has not answered yet), -ENOENT (no such SRQ in
+ * the domain). */
+int urdma_xsrq_ref_find(struct urdma_xsrq_ref *r, uint32_t srqn,
+			uint64_t xrcd_id);
+void urdma_xsrq_ref_drop(struct urdma_xsrq_ref *r);
 /* Claim the next receive WR of SRQ s (of `size` entries) into *idx and
  * write our pid into it: 0; -EAGAIN if none is posted (rnr_waiter is set
  * and it was looked at again); -EINVAL if the indices can't be.  *wake is
@@ -131,7 +141,7 @@ int urdma_srq_claim(struct urdma_shm_srq *s, uint8_t *ring,
 void urdma_srq_publish(struct urdma_shm_rqe *e, uint32_t idx, uint32_t qpn);
 /* A receive of t completed: true if it fires the armed recv CQ of t's
  * owner (the arm is consumed). */
-bool urdma_rq_notify_claim(struct urdma_shm_qp *t, bool solicited);
+bool urdma_rq_notify_claim(_Atomic uint32_t *notify, bool solicited);
 /* Fetch-and-add (compare_add is the addend) or compare-and-swap on *p;
  * returns the old value. */
 uint64_t urdma_atomic_apply(uint64_t *p, bool cas, uint64_t compare_add,

@@ -299,6 +299,74 @@ run_cases() {
     done
 }
 
+# run_multi NAME N PROGRAM_AND_ARGS: one server and N clients at once (a
+# program whose server serves several clients, as ibv_xsrq_pingpong -c N),
+# the commands built as run_cases builds them.  PASS when every process exits
+# 0 and each client's log matches $RESULT_RE.
+run_multi() {
+    local name=$1 n=$2 prog=$3 port base spid rc i why=""
+    local -a srv cli cpids=()
+    budget_left "$name" || return 0
+    CASE_PORT=$(free_port "${CASE_PORT:-$PORT_BASE}")
+    port=$CASE_PORT
+    CASE_PORT=$((port + 1))
+    log "== $name"
+    read -r -a srv <<<"$SRV_RUN $prog -p $port ${SRV_ARGS:-}"
+    read -r -a cli <<<"$CLI_RUN $prog -p $port ${CLI_ARGS:-} $TARGET"
+    base=$WORK/$(printf '%s' "$name" | tr -c 'A-Za-z0-9_.-' '_')
+    log "RUN server: $(q "${srv[@]}")"
+    timeout -k 2 "$T" "${srv[@]}" >"$base.server.log" 2>&1 &
+    spid=$!
+    COMPAT_BG_PIDS+=("$spid")
+    if ! wait_listen "$port" "$spid" 15; then
+        kill -TERM "$spid" 2>/dev/null
+        wait "$spid" 2>/dev/null
+        fail "$name" "server did not listen on TCP port $port"
+        show_log "$base.server.log" "server output"
+        return 0
+    fi
+    for ((i = 1; i <= n; i++)); do
+        log "RUN client $i: $(q "${cli[@]}")"
+        timeout -k 2 "$T" "${cli[@]}" >"$base.client$i.log" 2>&1 &
+        cpids+=("$!")
+        COMPAT_BG_PIDS+=("$!")
+    done
+    for ((i = 1; i <= n; i++)); do
+        wait "${cpids[i - 1]}"
+        rc=$?
+        if [ "$rc" -ne 0 ]; then
+            why="${why:+$why, }client $i exit status $rc"
+        elif [ -n "$RESULT_RE" ] && ! grep -qE "$RESULT_RE" "$base.client$i.log"; then
+            why="${why:+$why, }client $i output lacks /$RESULT_RE/"
+        fi
+    done
+    [ -n "$why" ] && kill -TERM "$spid" 2>/dev/null
+    wait "$spid"
+    rc=$?
+    [ "$rc" -ne 0 ] && why="${why:+$why, }server exit status $rc"
+    if [ -z "$why" ]; then
+        pass "$name"
+        return 0
+    fi
+    fail "$name" "$why"
+    show_log "$base.server.log" "server output"
+    for ((i = 1; i <= n; i++)); do show_log "$base.client$i.log" "client $i output"; done
+}
+
+# xrc_perftest_cases DEVICE: perftest over XRC (-c XRC: send, Write, Read
+# and atomics through an XRC target QP into an XRC SRQ), as run_cases cases
+# in XRC_PERFTEST_CASES.
+xrc_perftest_cases() {
+    local t
+    XRC_PERFTEST_CASES=()
+    for t in ib_send_bw ib_send_lat ib_write_bw ib_write_lat ib_read_bw \
+             ib_read_lat ib_atomic_bw ib_atomic_lat; do
+        need_cmd "$t" perftest
+        XRC_PERFTEST_CASES+=("$t (XRC)|$t -d $1 -F -c XRC -n 500")
+    done
+}
+show_nothing() { :; }
+
 # Tables and checks shared by the loopback and the two-host scripts.
 # ibv_rc_pingpong prints its rates; perftest a results table: a numeric row
 # under the "#bytes" header.

@@ -23,8 +23,6 @@
 /* ---- connection ---- */
 
 #define ATTACH_WAIT_MS 1000
-#define SHM_BLOCK_MAX (64ull << 20) /* an arena chunk (core/arena.c) */
-
 /* The SRQ the peer QP h receives from, if any: found in the same memfd,
  * checked, its geometry copied.  0, or -EINVAL. */
 static int srq_attach(struct urdma_qp *qp, const struct urdma_shm_qp *h)
@@ -37,13 +35,13 @@ static int srq_attach(struct urdma_qp *qp, const struct urdma_shm_qp *h)
 	qp->peer_srq_ring = NULL;
 	if (!bytes)
 		return 0;
-	if (bytes < sizeof(*s) || bytes > SHM_BLOCK_MAX || (va & 4095) ||
+	if (bytes < sizeof(*s) || bytes > URDMA_SHM_BLOCK_MAX || (va & 4095) ||
 	    va >> URDMA_VA_BITS)
 		return -EINVAL;
 	s = urdma_peer_ptr(qp->peer, va, &avail);
 	if (!s || avail < bytes ||
-	    urdma_shm_srq_check(s, bytes, h, qp->peer_ctx, &qp->peer_srq_rq,
-				&qp->peer_srq_pd))
+	    urdma_shm_srq_check(s, bytes, READ_ONCE(h->srqn), 0, qp->peer_ctx,
+				&qp->peer_srq_rq, &qp->peer_srq_pd))
 		return -EINVAL;
 	qp->peer_srq_ring = (uint8_t *)s + sizeof(*s);
 	qp->peer_srq = s;
@@ -70,7 +68,7 @@ static int shm_attach(struct urdma_qp *qp, int wait_ms)
 		if (qp->peer_retry_ns && urdma_now_ns() < qp->peer_retry_ns)
 			return -EAGAIN;
 		ret = urdma_host_qp_find(qpn, &rec);
-		if (!ret && (rec.size < sizeof(*h) || rec.size > SHM_BLOCK_MAX ||
+		if (!ret && (rec.size < sizeof(*h) || rec.size > URDMA_SHM_BLOCK_MAX ||
 			     (rec.va & 4095) || rec.va >> URDMA_VA_BITS))
 			ret = -EINVAL;
 		if (ret)
@@ -95,7 +93,15 @@ static int shm_attach(struct urdma_qp *qp, int wait_ms)
 				 &qp->peer_rq);
 	if (ret)
 		goto err;
-	ret = srq_attach(qp, h);
+	/* An XRC send QP talks to an XRC target only, and only it does:
+	 * the SRQ is then named per WR (xsrq_find). */
+	ret = -EINVAL;
+	qp->peer_xrcd = READ_ONCE(h->qp_type) == IBV_QPT_XRC_RECV ?
+				READ_ONCE(h->xrcd_id) :
+				0;
+	if ((qp->ibqp.qp_type == IBV_QPT_XRC_SEND) != (qp->peer_xrcd != 0))
+		goto err;
+	ret = qp->peer_xrcd ? 0 : srq_attach(qp, h);
 	if (ret)
 		goto err;
 	qp->peer_ring = (uint8_t *)h + sizeof(*h);
@@ -141,6 +147,7 @@ static int shm_connect(struct urdma_qp *qp, const struct ibv_qp_attr *attr)
 
 static void shm_disconnect(struct urdma_qp *qp)
 {
+	urdma_xsrq_ref_drop(&qp->xsrq);
 	qp->inv_next = 0;
 	qp->peer_qp = NULL;
 	qp->peer_ring = NULL;
@@ -148,6 +155,29 @@ static void shm_disconnect(struct urdma_qp *qp)
 	qp->peer_srq_ring = NULL;
 	qp->peer_stale = false;
 	urdma_peer_set(&qp->peer, NULL);
+}
+
+/* ---- XRC: the SRQ a WR names ---- */
+
+/* The context whose memory and keys a WR reaches: the responder QP's, or
+ * for an XRC target, that of the SRQ the WR named. */
+static struct urdma_peer *rpeer(struct urdma_qp *qp)
+{
+	return qp->peer_xrcd ? qp->xsrq.peer : qp->peer;
+}
+
+/* The SRQ a WR names, in the target's domain, as peer_srq: as
+ * urdma_xsrq_ref_find. */
+static int xsrq_find(struct urdma_qp *qp, uint32_t srqn)
+{
+	struct urdma_xsrq_ref *r = &qp->xsrq;
+	int ret = urdma_xsrq_ref_find(r, srqn, qp->peer_xrcd);
+
+	qp->peer_srq = ret ? NULL : r->shm;
+	qp->peer_srq_ring = r->ring;
+	qp->peer_srq_rq = r->rq;
+	qp->peer_srq_pd = r->pd_id;
+	return ret;
 }
 
 /* ---- responder side helpers ---- */
@@ -173,7 +203,14 @@ static void responder_error(struct urdma_qp *qp)
 /* The responder's owner fires its CQ from its progress thread. */
 static void responder_notify(struct urdma_qp *qp, bool solicited)
 {
-	if (urdma_rq_notify_claim(qp->peer_qp, solicited)) {
+	if (qp->peer_xrcd) { /* the XRC SRQ's CQ */
+		if (urdma_rq_notify_claim(&qp->peer_srq->notify, solicited)) {
+			atomic_store(&qp->peer_srq->notify_fired, 1);
+			urdma_peer_wake(qp->xsrq.peer);
+		}
+		return;
+	}
+	if (urdma_rq_notify_claim(&qp->peer_qp->notify, solicited)) {
 		atomic_store(&qp->peer_qp->notify_fired, 1);
 		urdma_peer_wake(qp->peer);
 	}
@@ -249,8 +286,11 @@ static int remote_span(struct urdma_qp *qp, struct urdma_swqe *w,
 	if (qp->inv_next && len && inv_noted(qp, w->rkey))
 		return -EINVAL;
 
-	return urdma_remote_lookup(urdma_peer_shm(qp->peer),
-				   READ_ONCE(t->access), READ_ONCE(t->pd_id),
+	/* Through an XRC target: the keys of the SRQ's context and PD. */
+	return urdma_remote_lookup(urdma_peer_shm(rpeer(qp)),
+				   READ_ONCE(t->access),
+				   qp->peer_xrcd ? qp->peer_srq_pd :
+						   READ_ONCE(t->pd_id),
 				   qp->attr.dest_qp_num, w->rkey,
 				   w->remote_addr, len, access, sp);
 }
@@ -317,7 +357,7 @@ static int take_srq(struct urdma_qp *qp, struct rcv *r)
 		return -1;
 	}
 	if (wake)
-		urdma_peer_wake(qp->peer);
+		urdma_peer_wake(rpeer(qp));
 	r->e = urdma_rqe_at(qp->peer_srq_ring, &qp->peer_srq_rq, r->idx);
 	r->pd_id = qp->peer_srq_pd;
 	r->max_sge = qp->peer_srq_rq.max_sge;
@@ -373,8 +413,8 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 	e = r.e;
 	if (is_write) {
 		nd = 1;
-	} else if (urdma_rqe_spans(urdma_peer_shm(qp->peer), r.pd_id, r.max_sge,
-				   e, dst, &nd, &room)) {
+	} else if (urdma_rqe_spans(urdma_peer_shm(rpeer(qp)), r.pd_id,
+				   r.max_sge, e, dst, &nd, &room)) {
 		rx_status = IBV_WC_LOC_PROT_ERR;
 		*status = IBV_WC_REM_OP_ERR;
 	} else if (room < w->byte_len) {
@@ -382,7 +422,8 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 		*status = IBV_WC_REM_INV_REQ_ERR;
 	}
 	if (rx_status == IBV_WC_SUCCESS &&
-	    urdma_copy_spans(qp->peer, dst, nd, NULL, local, nl, w->byte_len)) {
+	    urdma_copy_spans(rpeer(qp), dst, nd, NULL, local, nl,
+			     w->byte_len)) {
 		/* Our own pages vanished: a local protection error. */
 		rx_status = IBV_WC_WR_FLUSH_ERR;
 		*status = IBV_WC_LOC_PROT_ERR;
@@ -431,6 +472,17 @@ static enum urdma_tx shm_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	}
 	if (urdma_peer_dead(qp->peer))
 		return URDMA_TX_NOT_READY;
+	if (qp->peer_xrcd && w->opcode != IBV_WR_BIND_MW &&
+	    w->opcode != IBV_WR_LOCAL_INV) {
+		ret = xsrq_find(qp, w->xrc_srqn);
+		if (ret == -EAGAIN)
+			return URDMA_TX_NOT_READY;
+		if (ret) { /* no such SRQ in the target's domain */
+			*status = IBV_WC_REM_INV_REQ_ERR;
+			responder_error(qp);
+			return URDMA_TX_DONE;
+		}
+	}
 
 	switch (w->opcode) {
 	case IBV_WR_SEND:
@@ -454,7 +506,7 @@ static enum urdma_tx shm_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 				  &remote);
 		if (ret)
 			break;
-		if (urdma_copy_spans(qp->peer, &remote, 1, NULL, local, nl,
+		if (urdma_copy_spans(rpeer(qp), &remote, 1, NULL, local, nl,
 				     w->byte_len))
 			*status = IBV_WC_LOC_PROT_ERR;
 		return URDMA_TX_DONE;
@@ -467,7 +519,7 @@ static enum urdma_tx shm_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 				  &remote);
 		if (ret)
 			break;
-		if (urdma_copy_spans(NULL, local, nl, qp->peer, &remote, 1,
+		if (urdma_copy_spans(NULL, local, nl, rpeer(qp), &remote, 1,
 				     w->byte_len))
 			*status = IBV_WC_LOC_PROT_ERR;
 		return URDMA_TX_DONE;
@@ -488,7 +540,7 @@ static enum urdma_tx shm_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 		ret = remote_span(qp, w, IBV_ACCESS_REMOTE_ATOMIC, 8, &remote);
 		if (ret)
 			break;
-		if (urdma_atomic_span(qp->peer, urdma_peer_shm(qp->peer),
+		if (urdma_atomic_span(rpeer(qp), urdma_peer_shm(rpeer(qp)),
 				      &remote,
 				      w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP,
 				      w->compare_add, w->swap, &old)) {

@@ -124,6 +124,11 @@ struct tcp_conn {
 	uint32_t rx_msn[DDP_NUM_QN];
 	bool rcv_active; /* a Send is being placed into receive rcv_idx */
 	struct urdma_srq *rcv_srq; /* ... of this SRQ (or NULL), entry rcv_e */
+	/* ... or of another process's XRC SRQ (rcv_xref, kept while
+	 * messages name it) */
+	struct urdma_shm_srq *rcv_xsrq;
+	struct urdma_xsrq_ref rcv_xref;
+	bool rcv_se;		   /* ... by a solicited message */
 	uint32_t rx_recvs; /* receives completed (tcp_park.c looks) */
 	struct urdma_shm_rqe *rcv_e;
 	uint32_t rcv_idx;
@@ -283,6 +288,8 @@ uint32_t tcp_put_tagged(uint8_t *h, unsigned op, uint32_t stag,
 			   uint64_t to);
 int tx_ctrl(struct tcp_conn *c, unsigned op, uint32_t qn,
 		   const void *body, uint32_t blen);
+int tx_ctrl_ulp(struct tcp_conn *c, unsigned op, uint32_t qn,
+		const void *body, uint32_t blen, uint32_t ulp);
 void term_frame(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
 		       uint32_t hdr_len);
 void tx_fin(struct tcp_conn *c);

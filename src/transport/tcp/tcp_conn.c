@@ -91,6 +91,7 @@ void conn_release(struct urdma_watcher *w)
 
 	if (c->fd >= 0)
 		close(c->fd);
+	urdma_xsrq_ref_drop(&c->rcv_xref);
 	urdma_free(c->rbuf);
 	urdma_free(c->unc);
 	urdma_free(c->rsp);

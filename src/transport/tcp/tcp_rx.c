@@ -217,7 +217,7 @@ static void rq_notify(struct tcp_conn *c)
 	if (!c->note)
 		return;
 	c->note = c->note_solicited = false;
-	if (c->qp && urdma_rq_notify_claim(c->qp->shm, solicited))
+	if (c->qp && urdma_rq_notify_claim(&c->qp->shm->notify, solicited))
 		urdma_qp_notify_recv(c->qp);
 }
 
@@ -232,9 +232,10 @@ static bool rq_enter(struct urdma_qp *qp)
 	return false;
 }
 
-/* Copy len bytes into spans at byte offset off. */
-static int spans_put(const struct urdma_span *sp, int n, uint64_t off,
-		     const uint8_t *src, uint64_t len)
+/* Copy len bytes into spans (of peer's memory; NULL: ours) at byte
+ * offset off. */
+static int spans_put(struct urdma_peer *peer, const struct urdma_span *sp,
+		     int n, uint64_t off, const uint8_t *src, uint64_t len)
 {
 	struct urdma_span d[URDMA_MAX_SGE];
 	struct urdma_span s = { .len = len, .ptr = (uint8_t *)src };
@@ -253,7 +254,7 @@ static int spans_put(const struct urdma_span *sp, int n, uint64_t off,
 		off = 0;
 		k++;
 	}
-	return urdma_copy_spans(NULL, d, k, NULL, &s, 1, len);
+	return urdma_copy_spans(peer, d, k, NULL, &s, 1, len);
 }
 
 static uint32_t lookup_term(int err, bool tagged)
@@ -282,25 +283,81 @@ static uint32_t lookup_term(int err, bool tagged)
 static int remote_access(struct urdma_qp *qp, uint32_t stag, uint64_t to,
 			 uint64_t len, uint32_t access, struct urdma_span *sp)
 {
-	return urdma_remote_lookup(qp->uctx->shm,
-				   READ_ONCE(qp->attr.qp_access_flags),
-				   to_upd(qp->ibqp.pd)->id, qp->ibqp.qp_num, stag,
-				   to, len, access, sp);
+	uint32_t pds[8];
+	int n = 0, ret = -EACCES;
+
+	if (!qp->xrcd || !len) /* (nothing touched: nothing checked) */
+		return urdma_remote_lookup(qp->uctx->shm,
+					   READ_ONCE(qp->attr.qp_access_flags),
+					   qp->pd ? qp->pd->id : 0,
+					   qp->ibqp.qp_num, stag, to, len, access,
+					   sp);
+	/* An XRC target: iWARP's headers have no room for the SRQ whose PD
+	 * the key must be of; any XRC SRQ of its domain in its context
+	 * will do (docs/wire-protocol.md). */
+	n = urdma_xsrq_pds(qp->xrcd->id, qp->uctx, pds, 8);
+	for (int i = 0; i < n && ret == -EACCES; i++)
+		ret = urdma_remote_lookup(qp->uctx->shm,
+					  READ_ONCE(qp->attr.qp_access_flags),
+					  pds[i], qp->ibqp.qp_num, stag, to, len,
+					  access, sp);
+	return ret;
 }
 
-/* Claim the next receive WR (of the QP's ring or its SRQ's), with the
- * QP's ring entered.  false: none posted. */
-static bool rcv_claim(struct tcp_conn *c)
+/* An XRC target's message for XRC SRQ srqn of another process of this
+ * user: its next receive WR, claimed, placed into through that process
+ * (as a shm deliverer does).  As rcv_claim. */
+static int rcv_claim_other(struct tcp_conn *c, uint32_t srqn, uint32_t *term)
+{
+	struct urdma_xsrq_ref *r = &c->rcv_xref;
+	uint32_t idx;
+	bool wake;
+	int ret = urdma_xsrq_ref_find(r, srqn, c->qp->xrcd->id);
+
+	if (ret == -EAGAIN)
+		return RX_STALL; /* its context is answering */
+	if (ret) {
+		urdma_info("qp %#x: a message for SRQ %#x, which is not one of "
+			   "its domain", c->qp->ibqp.qp_num, srqn);
+		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
+				  TERM_DDP_EC_U_INV_QN, TERM_HDRCT_D);
+		return RX_ERR;
+	}
+	if (urdma_srq_claim(r->shm, r->ring, &r->rq, &idx, &wake))
+		return RX_STALL; /* none, or the SRQ is corrupt */
+	if (wake)
+		urdma_peer_wake(r->peer);
+	c->rcv_e = urdma_rqe_at(r->ring, &r->rq, idx);
+	c->rcv_srq = NULL;
+	c->rcv_xsrq = r->shm;
+	c->rcv_idx = idx;
+	c->rcv_got = 0;
+	return 0;
+}
+
+/* Claim the next receive WR (of the QP's ring or its SRQ's; an XRC
+ * target's: of the SRQ of its domain the message names, ulp), with the
+ * QP's ring entered.  0, RX_STALL (none posted), or RX_ERR (no such XRC
+ * SRQ: *term). */
+static int rcv_claim(struct tcp_conn *c, uint32_t ulp, uint32_t *term)
 {
 	struct urdma_qp *qp = c->qp;
 	struct urdma_srq *srq = qp->srq;
 	uint32_t done;
 	bool wake;
 
+	if (qp->xrcd) {
+		srq = urdma_xsrq_get(qp->xrcd->id, ulp);
+		if (!srq)
+			return rcv_claim_other(c, ulp, term);
+	}
 	if (srq) {
 		if (urdma_srq_claim(srq->shm, srq->ring, &srq->rq, &done,
-				    &wake))
-			return false; /* none, or the SRQ is corrupt */
+				    &wake)) {
+			if (qp->xrcd)
+				urdma_xsrq_put(srq);
+			return RX_STALL; /* none, or the SRQ is corrupt */
+		}
 		if (wake)
 			urdma_progress_kick();
 		c->rcv_e = urdma_rqe_at(srq->ring, &srq->rq, done);
@@ -308,13 +365,14 @@ static bool rcv_claim(struct tcp_conn *c)
 		done = atomic_load(&qp->shm->rq_done);
 		if (done == atomic_load_explicit(&qp->rq_prod,
 						 memory_order_acquire))
-			return false;
+			return RX_STALL;
 		c->rcv_e = urdma_rq_entry(qp, done);
 	}
 	c->rcv_srq = srq;
+	c->rcv_xsrq = NULL;
 	c->rcv_idx = done;
 	c->rcv_got = 0;
-	return true;
+	return 0;
 }
 
 /* Complete the claimed receive, with the ring entered (unless the owner
@@ -324,9 +382,13 @@ static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
 			 uint32_t wc_flags, uint32_t imm_data)
 {
 	struct urdma_shm_rqe *e = c->rcv_e;
+	struct urdma_srq *srq = c->rcv_srq;
+	struct urdma_shm_srq *xs = c->rcv_xsrq;
+	bool se = c->rcv_se || st != IBV_WC_SUCCESS;
 
 	c->rcv_active = false;
-	if (!c->rcv_srq && atomic_load(&c->qp->shm->rq_done) != c->rcv_idx)
+	c->rcv_xsrq = NULL;
+	if (!srq && !xs && atomic_load(&c->qp->shm->rq_done) != c->rcv_idx)
 		return;
 	e->status = st;
 	e->opcode = op;
@@ -335,11 +397,41 @@ static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
 	e->wc_flags = wc_flags; /* imm_data: immediate or invalidated rkey */
 	e->src_qp = c->peer_qpn;
 	c->rx_recvs++;
-	if (c->rcv_srq)
+	if (srq || xs)
 		urdma_srq_publish(e, c->rcv_idx, c->local_qpn);
 	else
 		atomic_store_explicit(&c->qp->shm->rq_done, c->rcv_idx + 1,
 				      memory_order_release);
+	/* An XRC SRQ completes into its own CQ: its owner's progress thread
+	 * takes it there and fires it, if armed (srq.c). */
+	if (srq && srq->xrcd) {
+		if (urdma_rq_notify_claim(&srq->shm->notify, se)) {
+			atomic_store(&srq->shm->notify_fired, 1);
+			urdma_progress_kick();
+		}
+		urdma_xsrq_put(srq);
+	} else if (xs && urdma_rq_notify_claim(&xs->notify, se)) {
+		atomic_store(&xs->notify_fired, 1);
+		urdma_peer_wake(c->rcv_xref.peer);
+	}
+}
+
+/* The spans of the claimed receive WR: checked in the MR table and PD of
+ * the context and PD whose WR it is. */
+static int rcv_spans(struct tcp_conn *c)
+{
+	struct urdma_qp *qp = c->qp;
+	struct urdma_srq *srq = c->rcv_srq;
+	const struct urdma_xsrq_ref *r = &c->rcv_xref;
+
+	if (c->rcv_xsrq)
+		return urdma_rqe_spans(urdma_peer_shm(r->peer), r->pd_id,
+				       r->rq.max_sge, c->rcv_e, c->rcv_sp,
+				       &c->rcv_n, &c->rcv_room);
+	return urdma_rqe_spans(srq ? srq->uctx->shm : qp->uctx->shm,
+			       to_upd(srq ? srq->ibsrq.pd : qp->ibqp.pd)->id,
+			       srq ? srq->rq.max_sge : qp->rq.max_sge,
+			       c->rcv_e, c->rcv_sp, &c->rcv_n, &c->rcv_room);
 }
 
 /* The QP stops receiving (error, disconnect) in the middle of a Send: an
@@ -347,7 +439,7 @@ static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
  * (Its own ring's entries the owner flushes.)  Under rx_lock. */
 void rcv_abandon(struct tcp_conn *c)
 {
-	if (c->rcv_active && c->rcv_srq)
+	if (c->rcv_active && (c->rcv_srq || c->rcv_xsrq))
 		rcv_complete(c, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0, 0, 0);
 }
 
@@ -366,6 +458,14 @@ static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
 
 	if (!rq_enter(qp))
 		return RX_OK; /* the QP left RTR: the stream is closing */
+	/* An XRC send QP receives nothing; an XRC target's Sends name their
+	 * SRQ in the field a Send with Invalidate would use. */
+	if (qp->ibqp.qp_type == IBV_QPT_XRC_SEND || (inv && qp->xrcd)) {
+		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
+				  TERM_RDMAP_EC_OPCODE, TERM_HDRCT_D);
+		r = RX_ERR;
+		goto out;
+	}
 	/* An STag to invalidate that names no window of the QP: refused
 	 * before a receive is taken (RFC 5040 7.2). */
 	if (inv && !m->mo && !c->rcv_active &&
@@ -375,19 +475,13 @@ static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
 		r = RX_ERR;
 		goto out;
 	}
+	c->rcv_se = solicited;
 	if (!m->mo && !c->rcv_active) {
-		if (!rcv_claim(c)) {
-			r = RX_STALL; /* like RNR: hold the stream */
+		r = rcv_claim(c, m->stag, term);
+		if (r) /* RX_STALL, like RNR: hold the stream */
 			goto out;
-		}
 		c->rcv_active = true;
-		struct urdma_srq *srq = c->rcv_srq; /* as claimed */
-
-		if (urdma_rqe_spans(qp->uctx->shm,
-				    to_upd(srq ? srq->ibsrq.pd : qp->ibqp.pd)->id,
-				    srq ? srq->rq.max_sge : qp->rq.max_sge,
-				    c->rcv_e, c->rcv_sp, &c->rcv_n,
-				    &c->rcv_room)) {
+		if (rcv_spans(c)) {
 			rcv_complete(c, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0,
 				     0, 0);
 			*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
@@ -409,7 +503,8 @@ static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
 		r = RX_ERR;
 		goto out_done;
 	}
-	if (m->len && spans_put(c->rcv_sp, c->rcv_n, c->rcv_got, m->payload,
+	if (m->len && spans_put(c->rcv_xsrq ? c->rcv_xref.peer : NULL,
+				c->rcv_sp, c->rcv_n, c->rcv_got, m->payload,
 				m->len)) {
 		rcv_complete(c, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0, 0, 0);
 		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
@@ -456,7 +551,13 @@ static int rx_imm(struct tcp_conn *c, const struct iwarp_msg *m,
 		  uint32_t *term)
 {
 	struct urdma_qp *qp = c->qp;
+	int r;
 
+	if (qp->ibqp.qp_type == IBV_QPT_XRC_SEND) { /* receives nothing */
+		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
+				  TERM_RDMAP_EC_OPCODE, TERM_HDRCT_D);
+		return RX_ERR;
+	}
 	/* Not inside a Send still being placed: its receive is claimed. */
 	if (c->rcv_active) {
 		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
@@ -472,9 +573,11 @@ static int rx_imm(struct tcp_conn *c, const struct iwarp_msg *m,
 	}
 	if (!rq_enter(qp))
 		return RX_OK;
-	if (!rcv_claim(c)) {
+	c->rcv_se = m->opcode == RDMAP_IMM_SE;
+	r = rcv_claim(c, m->stag, term);
+	if (r) {
 		urdma_rq_idle(qp->shm);
-		return RX_STALL;
+		return r;
 	}
 	rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM,
 		     c->last_write_len, IBV_WC_WITH_IMM, m->u.imm.imm);
@@ -542,7 +645,7 @@ static int rx_read_resp(struct tcp_conn *c, const struct iwarp_msg *m,
 				  TERM_DDP_EC_T_BOUNDS, TERM_HDRCT_D);
 		r = RX_ERR;
 	} else {
-		if (m->len && spans_put(o->sp, o->n, o->got, m->payload, m->len))
+		if (m->len && spans_put(NULL, o->sp, o->n, o->got, m->payload, m->len))
 			r = RX_ERR, *term = lookup_term(-EFAULT, true);
 		o->got += m->len;
 		if (m->last && r == RX_OK) {
@@ -680,7 +783,7 @@ static int rx_atomic_resp(struct tcp_conn *c, const struct iwarp_msg *m,
 	pthread_mutex_lock(&c->ord_lock);
 	o = ord_find(c, m->u.aresp.req_id, true);
 	if (o) {
-		if (spans_put(o->sp, o->n, 0, (uint8_t *)&v, 8))
+		if (spans_put(NULL, o->sp, o->n, 0, (uint8_t *)&v, 8))
 			st = IBV_WC_LOC_PROT_ERR;
 		o->used = false;
 	}
@@ -706,7 +809,7 @@ static enum ibv_wc_status term_status(uint32_t ctrl)
 	if (layer == TERM_LAYER_DDP && et == TERM_DDP_ET_TAGGED)
 		return IBV_WC_REM_ACCESS_ERR;
 	if (layer == TERM_LAYER_DDP && et == TERM_DDP_ET_UNTAGGED &&
-	    ec == TERM_DDP_EC_U_TOO_LONG)
+	    (ec == TERM_DDP_EC_U_TOO_LONG || ec == TERM_DDP_EC_U_INV_QN))
 		return IBV_WC_REM_INV_REQ_ERR;
 	if (layer == TERM_LAYER_RDMAP && et == TERM_RDMAP_ET_OP &&
 	    (ec == TERM_RDMAP_EC_OPCODE || ec == TERM_RDMAP_EC_VERSION ||

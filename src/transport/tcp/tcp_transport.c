@@ -228,17 +228,19 @@ static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
 				.flags = htonl(URDMA_IMM_FOR_SEND),
 			};
 
-			ret = tx_ctrl(c, RDMAP_IMM, DDP_QN_SEND, &im, sizeof(im));
+			ret = tx_ctrl_ulp(c, RDMAP_IMM, DDP_QN_SEND, &im,
+					  sizeof(im), w->xrc_srqn);
 		}
 		if (w->opcode == IBV_WR_SEND_WITH_INV)
 			hl = tcp_put_untagged_inv(
 				h, se ? RDMAP_SEND_SE_INV : RDMAP_SEND_INV,
 				DDP_QN_SEND, c->tx_msn[DDP_QN_SEND]++,
 				w->imm_data);
-		else
-			hl = tcp_put_untagged(h, se ? RDMAP_SEND_SE : RDMAP_SEND,
-					      DDP_QN_SEND,
-					      c->tx_msn[DDP_QN_SEND]++);
+		else /* an XRC send QP's: the SRQ, in the same field */
+			hl = tcp_put_untagged_inv(
+				h, se ? RDMAP_SEND_SE : RDMAP_SEND,
+				DDP_QN_SEND, c->tx_msn[DDP_QN_SEND]++,
+				w->xrc_srqn);
 	} else {
 		hl = tcp_put_tagged(h, RDMAP_WRITE, w->rkey, w->remote_addr);
 	}
@@ -251,8 +253,8 @@ static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
 
 		if (sig)
 			tx_flush_tail(c, tag);
-		tx_ctrl(c, se ? RDMAP_IMM_SE : RDMAP_IMM, DDP_QN_SEND, &im,
-			sizeof(im));
+		tx_ctrl_ulp(c, se ? RDMAP_IMM_SE : RDMAP_IMM, DDP_QN_SEND, &im,
+			    sizeof(im), w->xrc_srqn);
 	}
 	c->tx_tail.hlen = 0; /* sent, or the stream is dead */
 }
@@ -416,7 +418,8 @@ static bool tcp_srq_held(struct urdma_qp *qp)
 	struct tcp_conn *c = qp->tr_priv;
 
 	return c && __atomic_load_n(&c->rcv_active, __ATOMIC_RELAXED) &&
-	       __atomic_load_n(&c->rcv_srq, __ATOMIC_RELAXED);
+	       (__atomic_load_n(&c->rcv_srq, __ATOMIC_RELAXED) ||
+		__atomic_load_n(&c->rcv_xsrq, __ATOMIC_RELAXED));
 }
 
 bool tcp_maintain(struct urdma_qp *qp)

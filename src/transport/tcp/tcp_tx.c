@@ -644,8 +644,15 @@ uint32_t tcp_put_tagged(uint8_t *h, unsigned op, uint32_t stag,
 int tx_ctrl(struct tcp_conn *c, unsigned op, uint32_t qn,
 		   const void *body, uint32_t blen)
 {
+	return tx_ctrl_ulp(c, op, qn, body, blen, 0);
+}
+
+/* The same, with DDP's field reserved for the ULP (an XRC SRQ number). */
+int tx_ctrl_ulp(struct tcp_conn *c, unsigned op, uint32_t qn,
+		const void *body, uint32_t blen, uint32_t ulp)
+{
 	uint8_t h[sizeof(struct ddp_untagged_hdr) + 64];
-	uint32_t n = tcp_put_untagged(h, op, qn, c->tx_msn[qn]++);
+	uint32_t n = tcp_put_untagged_inv(h, op, qn, c->tx_msn[qn]++, ulp);
 
 	memcpy(h + n, body, blen);
 	return tx_msg(c, h, n + blen, NULL, 0, 0);
