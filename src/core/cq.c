@@ -544,6 +544,20 @@ static void cq_drain_srqs(struct urdma_cq *cq)
 		return;
 	}
 	start = (int)(cq->srq_turn++ % (uint32_t)k);
+	/* XRC SRQs complete into their own CQ: up to half the batch, the
+	 * first one further each call. */
+	list_for_each_entry(srq, &cq->xrc_srqs, cq_node) {
+		if (n == CQ_SRQS / 2)
+			break;
+		atomic_fetch_add(&srq->drainers, 1);
+		srqs[n++] = srq;
+	}
+	if (!list_empty(&cq->xrc_srqs)) {
+		struct list_head *first = cq->xrc_srqs.next;
+
+		list_del(first);
+		list_add_tail(first, &cq->xrc_srqs);
+	}
 	for (int pass = 0; pass < 2 && n < CQ_SRQS; pass++) {
 		k = 0;
 		list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
@@ -564,20 +578,6 @@ static void cq_drain_srqs(struct urdma_cq *cq)
 			if (n == CQ_SRQS)
 				break;
 		}
-	}
-	/* XRC SRQs complete into their own CQ: a few each call, the
-	 * first one further each time. */
-	list_for_each_entry(srq, &cq->xrc_srqs, cq_node) {
-		if (n == CQ_SRQS)
-			break;
-		atomic_fetch_add(&srq->drainers, 1);
-		srqs[n++] = srq;
-	}
-	if (n && !list_empty(&cq->xrc_srqs)) {
-		struct list_head *first = cq->xrc_srqs.next;
-
-		list_del(first);
-		list_add_tail(first, &cq->xrc_srqs);
 	}
 	pthread_mutex_unlock(&cq->lock);
 	for (int i = 0; i < n; i++) {

@@ -319,13 +319,16 @@ int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	int ret = 0;
 	uint32_t prod;
 
+	/* XRC QPs (and ibv_open_qp's handles) have no receive queue. */
+	if (ibqp->qp_type != IBV_QPT_RC) {
+		*bad = wr;
+		return EINVAL;
+	}
 	pthread_mutex_lock(&qp->rq_lock);
 	prod = atomic_load_explicit(&qp->rq_prod, memory_order_relaxed);
 	for (; wr; wr = wr->next) {
-		if (ibqp->state == IBV_QPS_RESET || qp->srq ||
-		    ibqp->qp_type != IBV_QPT_RC) {
-			/* A QP on an SRQ receives from it; XRC QPs have no
-			 * receive queue. */
+		if (ibqp->state == IBV_QPS_RESET || qp->srq) {
+			/* A QP on an SRQ receives from it. */
 			ret = EINVAL;
 			break;
 		}

@@ -40,7 +40,7 @@
 #include <stdint.h>
 
 #define URDMA_SHM_MAGIC 0x75726d61u /* "urma" */
-#define URDMA_SHM_VERSION 7u
+#define URDMA_SHM_VERSION 8u
 #define URDMA_CACHELINE 64
 
 /* MR table: key = (index << URDMA_MR_TAG_BITS) | random tag.  The index
@@ -231,19 +231,25 @@ struct urdma_shm_srq {
 	uint32_t rq_max_sge;
 	uint32_t rq_offset;	/* sizeof(struct urdma_shm_srq) */
 	_Atomic uint32_t limit; /* armed srq_limit, 0: not armed */
-	/* An XRC SRQ: its domain (0: a basic SRQ), and whether its CQ is
-	 * armed (URDMA_NOTIFY_*), as a QP's notify. */
+	/* An XRC SRQ: its domain (0: a basic SRQ), whether its CQ is armed
+	 * (URDMA_NOTIFY_*, as a QP's notify), and whether it lives
+	 * (URDMA_SSRQ_LIVE; its owner clears it, then waits for busy to
+	 * drop to 0 before the block goes: deliverers that found it by its
+	 * number, in any process, enter it by busy, then look). */
 	uint64_t xrcd_id;
 	_Atomic uint32_t notify;
+	_Atomic uint32_t state;
 	/* Written by deliverers. */
 	alignas(URDMA_CACHELINE) _Atomic uint32_t claim;
 	_Atomic uint32_t rnr_waiter; /* wake the owner's peers on a post */
 	_Atomic uint32_t limit_hit;  /* fewer than limit left: tell the owner */
 	_Atomic uint32_t notify_fired; /* a deliverer consumed 'notify' */
+	_Atomic uint32_t busy;	       /* XRC deliverers inside */
 	/* Producer index (owner). */
 	alignas(URDMA_CACHELINE) _Atomic uint32_t prod;
 	alignas(URDMA_CACHELINE) uint8_t rq[];
 };
 static_assert(sizeof(struct urdma_shm_srq) == 3 * URDMA_CACHELINE, "srq header");
+#define URDMA_SSRQ_LIVE 0x4c495645u /* an XRC SRQ's state while it lives */
 
 #endif

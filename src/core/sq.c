@@ -499,15 +499,16 @@ static int sq_admit(struct urdma_qp *qp, const struct ibv_send_wr *wr,
 	enum ibv_qp_state st = qp->ibqp.state;
 	int ret;
 
-	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR ||
-	    qp->ibqp.qp_type == IBV_QPT_XRC_RECV)
-		return EINVAL; /* an XRC target has no send queue */
-	/* An XRC send QP names the SRQ; its messages do not invalidate
-	 * (the Invalidate STag's field carries the SRQ over TCP). */
+	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR)
+		return EINVAL;
+	/* An XRC send QP's WRs that reach the target name the SRQ; its
+	 * messages do not invalidate (the Invalidate STag's field carries
+	 * the SRQ over TCP). */
 	if (qp->ibqp.qp_type == IBV_QPT_XRC_SEND &&
 	    (wr->opcode == IBV_WR_SEND_WITH_INV ||
-	     !wr->qp_type.xrc.remote_srqn ||
-	     wr->qp_type.xrc.remote_srqn > 0xffffff))
+	     ((!wr->qp_type.xrc.remote_srqn ||
+	       wr->qp_type.xrc.remote_srqn > 0xffffff) &&
+	      wr->opcode != IBV_WR_BIND_MW && wr->opcode != IBV_WR_LOCAL_INV)))
 		return EINVAL;
 	ret = check_send_wr(qp, wr, len);
 	if (ret)
@@ -589,6 +590,11 @@ int urdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	uint32_t len;
 	int ret = 0;
 
+	/* An XRC target (and ibv_open_qp's handles) has no send queue. */
+	if (ibqp->qp_type == IBV_QPT_XRC_RECV) {
+		*bad = wr;
+		return EINVAL;
+	}
 	pthread_mutex_lock(&qp->sq_lock);
 	for (; wr; wr = wr->next) {
 		/* A type 1 window is bound with ibv_bind_mw only. */

@@ -213,6 +213,7 @@ int urdma_destroy_srq(struct ibv_srq *ibsrq)
 {
 	struct urdma_srq *srq = to_usrq(ibsrq);
 	struct urdma_context *uctx = srq->uctx;
+	bool quarantine;
 
 	pthread_mutex_lock(&srq->lock);
 	if (!list_empty(&srq->qps)) {
@@ -220,19 +221,22 @@ int urdma_destroy_srq(struct ibv_srq *ibsrq)
 		return EBUSY;
 	}
 	pthread_mutex_unlock(&srq->lock);
+
 	pthread_mutex_lock(&uctx->lock);
 	list_del(&srq->ctx_node);
 	pthread_mutex_unlock(&uctx->lock);
-	if (srq->xrcd)
-		urdma_xsrq_teardown(srq);
-	/* A poller that found it on a CQ's QP (or its CQ) is done with it;
-	 * so is a receive path that found it by number (xrc.c). */
+	if (srq->xrcd && !urdma_xsrq_teardown(srq))
+		urdma_warn("xrc srq %#x: destroyed with a deliverer still "
+			   "inside", srq->srqn);
+	/* A poller that found it on a CQ's QP (or its CQ) is done with it. */
 	while (atomic_load(&srq->drainers))
 		sched_yield();
 	atomic_fetch_sub(&to_upd(ibsrq->pd)->usecnt, 1);
-	/* An entry still claimed by a peer may be written: quarantined. */
-	urdma_arena_free(srq->shm, srq->shm_size,
-			 atomic_load(&srq->shm->claim) != srq->poll);
+	/* An entry still claimed by a peer may be written: quarantined; an
+	 * XRC SRQ's block always is, as whoever found it by its number may
+	 * look at it again (and find it dead). */
+	quarantine = srq->xrcd || atomic_load(&srq->shm->claim) != srq->poll;
+	urdma_arena_free(srq->shm, srq->shm_size, quarantine);
 	urdma_free(srq->rq_wr);
 	pthread_mutex_destroy(&srq->lock);
 	urdma_free(srq);

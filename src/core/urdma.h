@@ -257,6 +257,7 @@ struct urdma_srq {
 struct urdma_xsrq_ref {
 	uint32_t srqn; /* 0: none */
 	uint32_t pd_id;
+	uint64_t xrcd_id;
 	struct urdma_peer *peer;
 	struct urdma_shm_srq *shm;
 	uint8_t *ring;
@@ -584,11 +585,7 @@ int urdma_close_xrcd(struct ibv_xrcd *xrcd);
 int urdma_get_srq_num(struct ibv_srq *srq, uint32_t *srq_num);
 int urdma_xsrq_setup(struct urdma_srq *srq, struct urdma_xrcd *xrcd,
 		     struct urdma_cq *cq);
-void urdma_xsrq_teardown(struct urdma_srq *srq);
-/* The XRC SRQ srqn of domain xrcd_id, of this process, held (its
- * drainers) until urdma_xsrq_put; or NULL. */
-struct urdma_srq *urdma_xsrq_get(uint64_t xrcd_id, uint32_t srqn);
-void urdma_xsrq_put(struct urdma_srq *srq);
+bool urdma_xsrq_teardown(struct urdma_srq *srq);
 /* The PDs (up to max) of the XRC SRQs of domain xrcd_id in context uctx. */
 int urdma_xsrq_pds(uint64_t xrcd_id, const struct urdma_context *uctx,
 		   uint32_t *pds, int max);

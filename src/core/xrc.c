@@ -14,12 +14,13 @@
  * that).  An XRC SRQ publishes srq-<srqn>, so that a deliverer of any
  * process finds it (shm_transport.c), as QPs publish qp-<qpn>.
  *
- * Target QPs live in the process that made them: ibv_open_qp finds one of
- * this process (another handle to it, counted: the QP lives until its last
- * handle is destroyed); one of another process is EOPNOTSUPP.
+ * Target QPs live in the context that made them: ibv_open_qp finds one of
+ * that context (another handle to it, counted: the QP lives until its last
+ * handle is destroyed); one of another context or process is EOPNOTSUPP.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
@@ -28,6 +29,7 @@
 
 #include "core/urdma.h"
 #include "util/alloc.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 static pthread_mutex_t xrc_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -131,14 +133,16 @@ struct ibv_xrcd *urdma_open_xrcd(struct ibv_context *context,
 	x->ibxrcd.context = context;
 	x->id = id;
 	x->lock_fd = -1;
+	/* The flock may wait (another process between its look and its
+	 * hold): not under xrc_lock, which receive paths take. */
 	pthread_mutex_lock(&xrc_lock);
 	list_for_each_entry(o, &xrcds, node)
 		local |= o->id == id;
+	pthread_mutex_unlock(&xrc_lock);
 	if (fd >= 0 && urdma_host_shm_ok()) {
 		int r = xrcd_hold(id, oflags, local);
 
 		if (r < 0) {
-			pthread_mutex_unlock(&xrc_lock);
 			urdma_free(x);
 			errno = -r;
 			return NULL;
@@ -147,11 +151,11 @@ struct ibv_xrcd *urdma_open_xrcd(struct ibv_context *context,
 	} else if (fd >= 0 && ((!local && !(oflags & O_CREAT)) ||
 			       (local && (oflags & O_EXCL)))) {
 		/* No host directory: the domain is this process's. */
-		pthread_mutex_unlock(&xrc_lock);
 		urdma_free(x);
 		errno = local ? EEXIST : ENOENT;
 		return NULL;
 	}
+	pthread_mutex_lock(&xrc_lock);
 	list_add_tail(&x->node, &xrcds);
 	pthread_mutex_unlock(&xrc_lock);
 	urdma_dbg("xrcd %016llx opened", (unsigned long long)id);
@@ -203,25 +207,9 @@ int urdma_xsrq_setup(struct urdma_srq *srq, struct urdma_xrcd *xrcd,
 	int ret = -EAGAIN;
 	uint32_t n = 0;
 
-	pthread_mutex_lock(&xrc_lock);
-	for (int tries = 0; ret && tries < 64; tries++) {
-		n = urdma_random32() & 0xffffff;
-		if (!n || xsrq_taken(n))
-			continue;
-		ret = urdma_host_rec_publish("srq", n, srq->uctx->ctx_id,
-					     srq->va, srq->shm_size);
-	}
-	if (ret) {
-		pthread_mutex_unlock(&xrc_lock);
-		return ret;
-	}
-	srq->srqn = n;
-	srq->shm->srqn = n;
-	srq->shm->xrcd_id = xrcd->id;
-	srq->xrcd = xrcd;
 	srq->cq = cq;
-	list_add_tail(&srq->xrc_node, &xsrqs);
-	pthread_mutex_unlock(&xrc_lock);
+	srq->xrcd = xrcd;
+	srq->shm->xrcd_id = xrcd->id;
 	atomic_fetch_add(&xrcd->usecnt, 1);
 	atomic_fetch_add(&cq->usecnt, 1);
 	pthread_mutex_lock(&cq->lock);
@@ -229,18 +217,50 @@ int urdma_xsrq_setup(struct urdma_srq *srq, struct urdma_xrcd *xrcd,
 	atomic_store(&srq->shm->notify, cq->armed);
 	pthread_mutex_unlock(&cq->lock);
 	atomic_fetch_add(&cq->srq_qps, 1);
-	return 0;
+	/* Whole before its record names it: a deliverer may look at once. */
+	pthread_mutex_lock(&xrc_lock);
+	for (int tries = 0; ret && tries < 64; tries++) {
+		n = urdma_random32() & 0xffffff;
+		if (!n || xsrq_taken(n))
+			continue;
+		srq->srqn = n;
+		srq->shm->srqn = n;
+		atomic_store(&srq->shm->state, URDMA_SSRQ_LIVE);
+		ret = urdma_host_rec_publish("srq", n, srq->uctx->ctx_id,
+					     srq->va, srq->shm_size);
+	}
+	if (!ret) {
+		list_add_tail(&srq->xrc_node, &xsrqs);
+	} else { /* no number: teardown unpublishes nothing */
+		list_init(&srq->xrc_node);
+		srq->srqn = 0;
+	}
+	pthread_mutex_unlock(&xrc_lock);
+	return ret;
 }
 
-/* An XRC SRQ being destroyed: nobody finds it any more. */
-void urdma_xsrq_teardown(struct urdma_srq *srq)
+/* An XRC SRQ being destroyed: nobody finds it any more, and nobody who
+ * found it before is inside (deliverers enter it by busy and then look
+ * at state: a Dekker handshake, as a QP's ring has).  false: one stayed
+ * inside past XSRQ_WAIT_NS (stopped, or hostile). */
+#define XSRQ_WAIT_NS 1000000000ull
+
+bool urdma_xsrq_teardown(struct urdma_srq *srq)
 {
 	struct urdma_cq *cq = srq->cq;
+	uint64_t t0;
 
+	if (srq->srqn)
+		urdma_host_rec_unpublish("srq", srq->srqn);
+	atomic_store(&srq->shm->state, 0);
+	atomic_thread_fence(memory_order_seq_cst);
+	t0 = urdma_now_ns();
+	while (atomic_load(&srq->shm->busy) &&
+	       urdma_now_ns() - t0 < XSRQ_WAIT_NS)
+		sched_yield();
 	pthread_mutex_lock(&xrc_lock);
 	list_del(&srq->xrc_node);
 	pthread_mutex_unlock(&xrc_lock);
-	urdma_host_rec_unpublish("srq", srq->srqn);
 	/* Under the CQ's lock, where cq_drain_srqs counts itself in the
 	 * SRQ's drainers: one that saw it has, before we go on. */
 	pthread_mutex_lock(&cq->lock);
@@ -249,22 +269,7 @@ void urdma_xsrq_teardown(struct urdma_srq *srq)
 	atomic_fetch_sub(&cq->srq_qps, 1);
 	atomic_fetch_sub(&cq->usecnt, 1);
 	atomic_fetch_sub(&srq->xrcd->usecnt, 1);
-}
-
-struct urdma_srq *urdma_xsrq_get(uint64_t xrcd_id, uint32_t srqn)
-{
-	struct urdma_srq *s;
-
-	pthread_mutex_lock(&xrc_lock);
-	list_for_each_entry(s, &xsrqs, xrc_node) {
-		if (s->srqn != srqn || s->xrcd->id != xrcd_id)
-			continue;
-		atomic_fetch_add(&s->drainers, 1);
-		pthread_mutex_unlock(&xrc_lock);
-		return s;
-	}
-	pthread_mutex_unlock(&xrc_lock);
-	return NULL;
+	return !atomic_load(&srq->shm->busy);
 }
 
 int urdma_xsrq_pds(uint64_t xrcd_id, const struct urdma_context *uctx,
@@ -289,11 +294,6 @@ int urdma_xsrq_pds(uint64_t xrcd_id, const struct urdma_context *uctx,
 	return n;
 }
 
-void urdma_xsrq_put(struct urdma_srq *srq)
-{
-	atomic_fetch_sub(&srq->drainers, 1);
-}
-
 /* ---- target QPs and their handles ---- */
 
 void urdma_xrc_tgt_add(struct urdma_qp *qp)
@@ -313,6 +313,7 @@ struct ibv_qp *urdma_open_qp(struct ibv_context *context,
 	struct urdma_qp *qp, *h = NULL;
 	struct urdma_xrcd *x;
 	struct urdma_qp_rec rec;
+	int e = EINVAL;
 
 	if ((attr->comp_mask & need) != need ||
 	    (attr->comp_mask & ~(need | IBV_QP_OPEN_ATTR_CONTEXT)) ||
@@ -326,17 +327,23 @@ struct ibv_qp *urdma_open_qp(struct ibv_context *context,
 	list_for_each_entry(qp, &tgt_qps, xrc_node) {
 		if (qp->ibqp.qp_num != attr->qp_num || qp->xrcd->id != x->id)
 			continue;
-		h = urdma_zalloc(sizeof(*h));
-		if (!h)
+		/* Its engine and events are its context's, which may be
+		 * closed: a handle lives in the same one. */
+		if (qp->uctx != to_uctx(context)) {
+			e = EOPNOTSUPP;
 			break;
+		}
+		h = urdma_zalloc(sizeof(*h));
+		if (!h) {
+			e = ENOMEM;
+			break;
+		}
 		h->xrc_real = qp;
 		atomic_fetch_add(&qp->xrc_refs, 1);
 		break;
 	}
 	pthread_mutex_unlock(&xrc_lock);
 	if (!h) {
-		int e = errno == ENOMEM ? ENOMEM : EINVAL;
-
 		/* A QP of this user's that is none of ours: maybe the target
 		 * of another process, whose engine runs there. */
 		if (e == EINVAL && !urdma_host_qp_find(attr->qp_num, &rec)) {

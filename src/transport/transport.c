@@ -325,7 +325,32 @@ int urdma_xsrq_ref_find(struct urdma_xsrq_ref *r, uint32_t srqn,
 	r->ring = (uint8_t *)s + sizeof(*s);
 	r->shm = s;
 	r->srqn = srqn;
+	r->xrcd_id = xrcd_id;
 	return 0;
+}
+
+bool urdma_xsrq_enter(struct urdma_xsrq_ref *r)
+{
+	struct urdma_shm_srq *s = r->shm;
+
+	atomic_fetch_add(&s->busy, 1);
+	/* Dekker with urdma_xsrq_teardown: our busy before its state. */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (atomic_load_explicit(&s->state, memory_order_relaxed) ==
+		    URDMA_SSRQ_LIVE &&
+	    READ_ONCE(s->magic) == URDMA_SHM_MAGIC &&
+	    READ_ONCE(s->srqn) == r->srqn && READ_ONCE(s->xrcd_id) == r->xrcd_id &&
+	    !urdma_peer_dead(r->peer))
+		return true;
+	atomic_fetch_sub(&s->busy, 1);
+	r->srqn = 0; /* gone: looked for again, by its record */
+	r->shm = NULL;
+	return false;
+}
+
+void urdma_xsrq_leave(struct urdma_shm_srq *s)
+{
+	atomic_fetch_sub_explicit(&s->busy, 1, memory_order_release);
 }
 
 void urdma_xsrq_ref_drop(struct urdma_xsrq_ref *r)

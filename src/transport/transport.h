@@ -125,12 +125,18 @@ int urdma_shm_srq_check(const struct urdma_shm_srq *h, uint64_t bytes,
  * (core/arena.c). */
 #define URDMA_SHM_BLOCK_MAX (64ull << 20)
 /* Find XRC SRQ srqn of domain xrcd_id by its record, in whichever of
- * this user's contexts has it, into r (kept while it names srqn): 0,
+ * this user's contexts has it, into r (kept while it names srqn, until
+ * urdma_xsrq_enter finds it gone): 0,
  * -EAGAIN (its context has not answered yet), -ENOENT (no such SRQ in
  * the domain). */
 int urdma_xsrq_ref_find(struct urdma_xsrq_ref *r, uint32_t srqn,
 			uint64_t xrcd_id);
 void urdma_xsrq_ref_drop(struct urdma_xsrq_ref *r);
+/* Enter the SRQ r found, for one placement, until urdma_xsrq_leave(its
+ * block): false (and r forgets it) if it is gone, or not what r found:
+ * its owner destroyed it (and never reuses its block), or died. */
+bool urdma_xsrq_enter(struct urdma_xsrq_ref *r);
+void urdma_xsrq_leave(struct urdma_shm_srq *s);
 /* Claim the next receive WR of SRQ s (of `size` entries) into *idx and
  * write our pid into it: 0; -EAGAIN if none is posted (rnr_waiter is set
  * and it was looked at again); -EINVAL if the indices can't be.  *wake is

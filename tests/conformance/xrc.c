@@ -124,6 +124,16 @@ static void connect_local(struct t_res *r, struct ibv_qp *ini, struct ibv_qp *tg
 	r->qp = NULL;
 }
 
+/* The send QP went to error: a new pair. */
+static void fresh_pair(struct t_res *r, struct ibv_xrcd *x, struct ibv_qp **ini,
+		       struct ibv_qp **tgt)
+{
+	CHECK(ibv_destroy_qp(*ini) == 0 && ibv_destroy_qp(*tgt) == 0, "destroy QPs");
+	*tgt = tgt_qp(r, x);
+	*ini = ini_qp(r);
+	connect_local(r, *ini, *tgt);
+}
+
 static int post_xrc(struct ibv_qp *qp, uint64_t id, enum ibv_wr_opcode op, void *buf,
 		    uint32_t len, uint32_t lkey, uint32_t srqn, uint64_t raddr, uint32_t rkey)
 {
@@ -229,6 +239,14 @@ static void xrc_rules(void *arg)
 	      "no SRQ number");
 	CHECK(post_xrc(ini, 1, IBV_WR_SEND_WITH_INV, buf, 8, mr->lkey, n1, 0, 0) == EINVAL,
 	      "Send with Invalidate on XRC");
+	/* A local WR reaches no target: it names no SRQ. */
+	struct ibv_send_wr li = { .wr_id = 7, .opcode = IBV_WR_LOCAL_INV,
+				  .send_flags = IBV_SEND_SIGNALED,
+				  .invalidate_rkey = 0x1234 }, *lbad;
+	struct ibv_wc lwc;
+	CHECK(ibv_post_send(ini, &li, &lbad) == 0, "LOCAL_INV on an XRC send QP");
+	CHECK(t_poll_one(r.send_cq, &lwc, T_WAIT_MS, "LOCAL_INV") && lwc.wr_id == 7,
+	      "its completion");
 
 	/* ibv_open_qp: another handle to the target, which keeps it. */
 	struct ibv_qp_open_attr oa = {
@@ -242,6 +260,19 @@ static void xrc_rules(void *arg)
 	CHECK(h != tgt && h->qp_num == tgt->qp_num && h->qp_context == &r &&
 	      h->qp_type == IBV_QPT_XRC_RECV, "the handle's fields");
 	CHECK(t_qp_state(h) == IBV_QPS_RTS, "state through the handle: %d", t_qp_state(h));
+	CHECK(t_post_recv(h, 1, buf, 8, mr->lkey) == EINVAL, "a receive on the handle");
+	CHECK(post_xrc(h, 1, IBV_WR_SEND, buf, 8, mr->lkey, n1, 0, 0) == EINVAL,
+	      "a send on the handle");
+	/* Another context's handle: its engine is the first context's. */
+	struct ibv_context *ctx2 = t_open_first_device();
+	struct ibv_xrcd *x3 = open_xrcd(ctx2, fd, 0);
+	REQUIRE(x3, "the domain in a second context: %s", strerror(errno));
+	struct ibv_qp_open_attr oa2 = oa;
+	oa2.xrcd = x3;
+	errno = 0;
+	struct ibv_qp *h2 = ibv_open_qp(ctx2, &oa2);
+	CHECK(!h2 && errno == EOPNOTSUPP, "open from another context: %d", errno);
+	CHECK(ibv_close_xrcd(x3) == 0 && ibv_close_device(ctx2) == 0, "second context");
 	oa.qp_num = ini->qp_num;
 	errno = 0;
 	CHECK(!ibv_open_qp(r.ctx, &oa) && errno == EINVAL, "opening a send QP: %d", errno);
@@ -389,6 +420,22 @@ static void xrc_one_process(void *arg)
 	      "evented receive");
 	CHECK(t_expect_wc(r.send_cq, &wc, 60, IBV_WC_SUCCESS, IBV_WC_SEND, "its send"), "send");
 
+	/* A destroyed SRQ is none, even to a sender (and a target) that
+	 * used it a moment ago and may hold on to it. */
+	post_srq(sb, 250, dst, MSG, dmr->lkey);
+	REQUIRE(post_xrc(ini, 61, IBV_WR_SEND, src, MSG, smr->lkey, nb, 0, 0) == 0, "send");
+	CHECK(t_expect_wc(r.send_cq, &wc, 61, IBV_WC_SUCCESS, IBV_WC_SEND, "send to b"),
+	      "send to b");
+	CHECK(t_expect_wc(cqb, &wc, 250, IBV_WC_SUCCESS, IBV_WC_RECV, "receive of b"),
+	      "receive of b");
+	post_srq(sb, 251, dst, MSG, dmr->lkey);
+	CHECK(ibv_destroy_srq(sb) == 0, "destroy SRQ b");
+	sb = NULL;
+	REQUIRE(post_xrc(ini, 62, IBV_WR_SEND, src, MSG, smr->lkey, nb, 0, 0) == 0, "send");
+	CHECK(t_expect_wc(r.send_cq, &wc, 62, IBV_WC_REM_INV_REQ_ERR, -1,
+			  "a send to a destroyed SRQ"), "a send to a destroyed SRQ");
+	fresh_pair(&r, x, &ini, &tgt);
+
 	/* Keys are the SRQ's PD's: an MR of another PD is refused.  (Over
 	 * TCP, of a PD no XRC SRQ of the domain has: iWARP's headers do
 	 * not say which SRQ, docs/wire-protocol.md.) */
@@ -402,13 +449,9 @@ static void xrc_one_process(void *arg)
 			 (uintptr_t)odst, omr->rkey) == 0, "write");
 	CHECK(t_expect_wc(r.send_cq, &wc, 65, IBV_WC_REM_ACCESS_ERR, -1,
 			  "a write to another PD's MR"), "a write to another PD's MR");
+	fresh_pair(&r, x, &ini, &tgt);
 
-	/* An SRQ of another domain is no SRQ of the target's (a new pair:
-	 * the first may be in error). */
-	CHECK(ibv_destroy_qp(ini) == 0 && ibv_destroy_qp(tgt) == 0, "destroy QPs");
-	tgt = tgt_qp(&r, x);
-	ini = ini_qp(&r);
-	connect_local(&r, ini, tgt);
+	/* An SRQ of another domain is no SRQ of the target's. */
 	post_srq(so, 400, dst, MSG, dmr->lkey);
 	REQUIRE(post_xrc(ini, 70, IBV_WR_SEND, src, MSG, smr->lkey, no, 0, 0) == 0, "send");
 	CHECK(t_expect_wc(r.send_cq, &wc, 70, IBV_WC_REM_INV_REQ_ERR, -1,
@@ -418,8 +461,7 @@ static void xrc_one_process(void *arg)
 	CHECK(t_qp_state(ini) == IBV_QPS_ERR, "the send QP in error: %d", t_qp_state(ini));
 
 	CHECK(ibv_destroy_qp(ini) == 0 && ibv_destroy_qp(tgt) == 0, "destroy QPs");
-	CHECK(ibv_destroy_srq(sa) == 0 && ibv_destroy_srq(sb) == 0 && ibv_destroy_srq(so) == 0,
-	      "destroy SRQs");
+	CHECK(ibv_destroy_srq(sa) == 0 && ibv_destroy_srq(so) == 0, "destroy SRQs");
 	CHECK(ibv_destroy_cq(cqa) == 0 && ibv_destroy_cq(cqb) == 0, "destroy CQs");
 	CHECK(ibv_close_xrcd(x) == 0 && ibv_close_xrcd(other) == 0, "close domains");
 	CHECK(ibv_dereg_mr(omr) == 0 && ibv_dealloc_pd(pd2) == 0, "second PD");

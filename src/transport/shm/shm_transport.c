@@ -455,34 +455,12 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 	return URDMA_TX_DONE;
 }
 
-static enum urdma_tx shm_execute(struct urdma_qp *qp, struct urdma_swqe *w,
-				 enum ibv_wc_status *status)
+/* Run WR w against the attached responder. */
+static enum urdma_tx run_wr(struct urdma_qp *qp, struct urdma_swqe *w,
+			    enum ibv_wc_status *status)
 {
 	struct urdma_span local[URDMA_MAX_SGE + 1], remote;
 	int nl = 0, ret;
-
-	if (!__atomic_load_n(&qp->peer_qp, __ATOMIC_ACQUIRE)) {
-		int ret = shm_attach(qp, 0); /* not there at RTR: look again */
-
-		if (ret) {
-			if (ret != -EAGAIN)
-				attach_pause(qp);
-			return URDMA_TX_NOT_READY;
-		}
-	}
-	if (urdma_peer_dead(qp->peer))
-		return URDMA_TX_NOT_READY;
-	if (qp->peer_xrcd && w->opcode != IBV_WR_BIND_MW &&
-	    w->opcode != IBV_WR_LOCAL_INV) {
-		ret = xsrq_find(qp, w->xrc_srqn);
-		if (ret == -EAGAIN)
-			return URDMA_TX_NOT_READY;
-		if (ret) { /* no such SRQ in the target's domain */
-			*status = IBV_WC_REM_INV_REQ_ERR;
-			responder_error(qp);
-			return URDMA_TX_DONE;
-		}
-	}
 
 	switch (w->opcode) {
 	case IBV_WR_SEND:
@@ -562,6 +540,42 @@ static enum urdma_tx shm_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	*status = IBV_WC_REM_ACCESS_ERR;
 	responder_error(qp);
 	return URDMA_TX_DONE;
+}
+
+static enum urdma_tx shm_execute(struct urdma_qp *qp, struct urdma_swqe *w,
+				 enum ibv_wc_status *status)
+{
+	struct urdma_shm_srq *xs;
+	enum urdma_tx r;
+	int ret;
+
+	if (!__atomic_load_n(&qp->peer_qp, __ATOMIC_ACQUIRE)) {
+		ret = shm_attach(qp, 0); /* not there at RTR: look again */
+		if (ret) {
+			if (ret != -EAGAIN)
+				attach_pause(qp);
+			return URDMA_TX_NOT_READY;
+		}
+	}
+	if (urdma_peer_dead(qp->peer))
+		return URDMA_TX_NOT_READY;
+	if (!qp->peer_xrcd)
+		return run_wr(qp, w, status);
+	/* Through an XRC target: the SRQ the WR names, entered for the
+	 * length of the WR (it may be destroyed at any time). */
+	ret = xsrq_find(qp, w->xrc_srqn);
+	if (ret == -EAGAIN)
+		return URDMA_TX_NOT_READY;
+	xs = qp->peer_srq;
+	if (ret || !urdma_xsrq_enter(&qp->xsrq)) {
+		qp->peer_srq = NULL;
+		*status = IBV_WC_REM_INV_REQ_ERR; /* no such SRQ there */
+		responder_error(qp);
+		return URDMA_TX_DONE;
+	}
+	r = run_wr(qp, w, status);
+	urdma_xsrq_leave(xs);
+	return r;
 }
 
 const struct urdma_transport_ops urdma_shm_transport = {

@@ -304,35 +304,52 @@ static int remote_access(struct urdma_qp *qp, uint32_t stag, uint64_t to,
 	return ret;
 }
 
-/* An XRC target's message for XRC SRQ srqn of another process of this
- * user: its next receive WR, claimed, placed into through that process
- * (as a shm deliverer does).  As rcv_claim. */
-static int rcv_claim_other(struct tcp_conn *c, uint32_t srqn, uint32_t *term)
+/* An XRC target's message for XRC SRQ srqn: of its domain, of this
+ * process or another of this user's (found by its record, placed into
+ * through that context, as a shm deliverer does), entered
+ * (urdma_xsrq_enter) until the segment is placed.  As rcv_claim. */
+static int rcv_claim_xrc(struct tcp_conn *c, uint32_t srqn, uint32_t *term)
 {
 	struct urdma_xsrq_ref *r = &c->rcv_xref;
+	struct urdma_shm_srq *s;
 	uint32_t idx;
 	bool wake;
 	int ret = urdma_xsrq_ref_find(r, srqn, c->qp->xrcd->id);
 
 	if (ret == -EAGAIN)
 		return RX_STALL; /* its context is answering */
-	if (ret) {
+	if (ret || !urdma_xsrq_enter(r)) {
 		urdma_info("qp %#x: a message for SRQ %#x, which is not one of "
 			   "its domain", c->qp->ibqp.qp_num, srqn);
 		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
 				  TERM_DDP_EC_U_INV_QN, TERM_HDRCT_D);
 		return RX_ERR;
 	}
-	if (urdma_srq_claim(r->shm, r->ring, &r->rq, &idx, &wake))
+	s = r->shm;
+	if (urdma_srq_claim(s, r->ring, &r->rq, &idx, &wake)) {
+		urdma_xsrq_leave(s);
 		return RX_STALL; /* none, or the SRQ is corrupt */
+	}
 	if (wake)
 		urdma_peer_wake(r->peer);
 	c->rcv_e = urdma_rqe_at(r->ring, &r->rq, idx);
 	c->rcv_srq = NULL;
-	c->rcv_xsrq = r->shm;
+	c->rcv_xsrq = s;
 	c->rcv_idx = idx;
 	c->rcv_got = 0;
 	return 0;
+}
+
+/* Enter again, for a later segment, the XRC SRQ whose receive the
+ * message holds: false if it is gone (its owner destroyed it), and the
+ * receive with it. */
+static bool rcv_xrc_reenter(struct tcp_conn *c)
+{
+	if (urdma_xsrq_enter(&c->rcv_xref))
+		return true;
+	c->rcv_active = false;
+	c->rcv_xsrq = NULL;
+	return false;
 }
 
 /* Claim the next receive WR (of the QP's ring or its SRQ's; an XRC
@@ -346,18 +363,12 @@ static int rcv_claim(struct tcp_conn *c, uint32_t ulp, uint32_t *term)
 	uint32_t done;
 	bool wake;
 
-	if (qp->xrcd) {
-		srq = urdma_xsrq_get(qp->xrcd->id, ulp);
-		if (!srq)
-			return rcv_claim_other(c, ulp, term);
-	}
+	if (qp->xrcd)
+		return rcv_claim_xrc(c, ulp, term);
 	if (srq) {
 		if (urdma_srq_claim(srq->shm, srq->ring, &srq->rq, &done,
-				    &wake)) {
-			if (qp->xrcd)
-				urdma_xsrq_put(srq);
+				    &wake))
 			return RX_STALL; /* none, or the SRQ is corrupt */
-		}
 		if (wake)
 			urdma_progress_kick();
 		c->rcv_e = urdma_rqe_at(srq->ring, &srq->rq, done);
@@ -375,8 +386,9 @@ static int rcv_claim(struct tcp_conn *c, uint32_t ulp, uint32_t *term)
 	return 0;
 }
 
-/* Complete the claimed receive, with the ring entered (unless the owner
- * flushed it meanwhile: an SRQ's entry is always completed). */
+/* Complete the claimed receive, with the ring (or the XRC SRQ) entered
+ * (unless the owner flushed it meanwhile: an SRQ's entry is always
+ * completed). */
 static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
 			 enum ibv_wc_opcode op, uint64_t byte_len,
 			 uint32_t wc_flags, uint32_t imm_data)
@@ -384,7 +396,6 @@ static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
 	struct urdma_shm_rqe *e = c->rcv_e;
 	struct urdma_srq *srq = c->rcv_srq;
 	struct urdma_shm_srq *xs = c->rcv_xsrq;
-	bool se = c->rcv_se || st != IBV_WC_SUCCESS;
 
 	c->rcv_active = false;
 	c->rcv_xsrq = NULL;
@@ -404,13 +415,8 @@ static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
 				      memory_order_release);
 	/* An XRC SRQ completes into its own CQ: its owner's progress thread
 	 * takes it there and fires it, if armed (srq.c). */
-	if (srq && srq->xrcd) {
-		if (urdma_rq_notify_claim(&srq->shm->notify, se)) {
-			atomic_store(&srq->shm->notify_fired, 1);
-			urdma_progress_kick();
-		}
-		urdma_xsrq_put(srq);
-	} else if (xs && urdma_rq_notify_claim(&xs->notify, se)) {
+	if (xs && urdma_rq_notify_claim(&xs->notify,
+					c->rcv_se || st != IBV_WC_SUCCESS)) {
 		atomic_store(&xs->notify_fired, 1);
 		urdma_peer_wake(c->rcv_xref.peer);
 	}
@@ -439,8 +445,19 @@ static int rcv_spans(struct tcp_conn *c)
  * (Its own ring's entries the owner flushes.)  Under rx_lock. */
 void rcv_abandon(struct tcp_conn *c)
 {
-	if (c->rcv_active && (c->rcv_srq || c->rcv_xsrq))
+	struct urdma_shm_srq *xs = c->rcv_xsrq;
+
+	if (!c->rcv_active)
+		return;
+	if (xs) { /* unless its owner destroyed it meanwhile */
+		if (rcv_xrc_reenter(c)) {
+			rcv_complete(c, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0, 0,
+				     0);
+			urdma_xsrq_leave(xs);
+		}
+	} else if (c->rcv_srq) {
 		rcv_complete(c, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0, 0, 0);
+	}
 }
 
 /* A Send segment: the first claims a receive WR, each is placed at its
@@ -454,6 +471,7 @@ static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
 				       m->opcode == RDMAP_SEND_SE_INV;
 	bool inv = m->opcode == RDMAP_SEND_INV ||
 		   m->opcode == RDMAP_SEND_SE_INV;
+	struct urdma_shm_srq *entered = NULL; /* an XRC SRQ, for the segment */
 	int r = RX_OK;
 
 	if (!rq_enter(qp))
@@ -476,10 +494,21 @@ static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
 		goto out;
 	}
 	c->rcv_se = solicited;
+	if (c->rcv_active && c->rcv_xsrq) { /* a later segment */
+		entered = c->rcv_xsrq;
+		if (!rcv_xrc_reenter(c)) { /* the SRQ went meanwhile */
+			entered = NULL;
+			*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
+					  TERM_DDP_EC_U_INV_QN, TERM_HDRCT_D);
+			r = RX_ERR;
+			goto out;
+		}
+	}
 	if (!m->mo && !c->rcv_active) {
 		r = rcv_claim(c, m->stag, term);
 		if (r) /* RX_STALL, like RNR: hold the stream */
 			goto out;
+		entered = c->rcv_xsrq;
 		c->rcv_active = true;
 		if (rcv_spans(c)) {
 			rcv_complete(c, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0,
@@ -540,6 +569,8 @@ static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
 out_done:
 	done = true;
 out:
+	if (entered)
+		urdma_xsrq_leave(entered);
 	urdma_rq_idle(qp->shm);
 	if (done) /* errors always notify */
 		rq_note(c, solicited || r == RX_ERR);
@@ -551,6 +582,7 @@ static int rx_imm(struct tcp_conn *c, const struct iwarp_msg *m,
 		  uint32_t *term)
 {
 	struct urdma_qp *qp = c->qp;
+	struct urdma_shm_srq *entered;
 	int r;
 
 	if (qp->ibqp.qp_type == IBV_QPT_XRC_SEND) { /* receives nothing */
@@ -579,8 +611,11 @@ static int rx_imm(struct tcp_conn *c, const struct iwarp_msg *m,
 		urdma_rq_idle(qp->shm);
 		return r;
 	}
+	entered = c->rcv_xsrq;
 	rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM,
 		     c->last_write_len, IBV_WC_WITH_IMM, m->u.imm.imm);
+	if (entered)
+		urdma_xsrq_leave(entered);
 	urdma_rq_idle(qp->shm);
 	rq_note(c, m->opcode == RDMAP_IMM_SE);
 	c->rx_msn[DDP_QN_SEND]++;
