@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * RC and XRC queue pairs: creating and destroying them, and the state machine
+ * RC, UC and XRC queue pairs: creating and destroying them, the state machine
  * (ibv_modify_qp, ibv_query_qp).  The send queue engine is in sq.c, the
  * owner's side of the receive queue in rq.c.
  */
@@ -86,7 +86,7 @@ struct ibv_qp *urdma_qp_create(struct ibv_context *context,
 	uint32_t qpn;
 	int ret;
 
-	if (type != IBV_QPT_RC && !tgt && !ini) {
+	if (type != IBV_QPT_RC && type != IBV_QPT_UC && !tgt && !ini) {
 		urdma_dbg("QP type %d is not supported", type);
 		errno = EOPNOTSUPP;
 		return NULL;
@@ -94,7 +94,8 @@ struct ibv_qp *urdma_qp_create(struct ibv_context *context,
 	/* What the kind has: a target only its domain, a send QP no
 	 * receive queue (what the program passed for those is ignored). */
 	struct ibv_cq *app_scq = tgt ? NULL : init->send_cq;
-	struct ibv_cq *app_rcq = type == IBV_QPT_RC ? init->recv_cq : NULL;
+	bool rq = type == IBV_QPT_RC || type == IBV_QPT_UC;
+	struct ibv_cq *app_rcq = rq ? init->recv_cq : NULL;
 	struct ibv_srq *srq = tgt ? NULL : init->srq;
 
 	if (tgt) {
@@ -105,7 +106,7 @@ struct ibv_qp *urdma_qp_create(struct ibv_context *context,
 	}
 	if ((!tgt && (!ibpd || ibpd->context != context || !app_scq ||
 		      app_scq->context != context)) ||
-	    (type == IBV_QPT_RC && (!app_rcq || app_rcq->context != context)) ||
+	    (rq && (!app_rcq || app_rcq->context != context)) ||
 	    (srq && (ini || srq->context != context || to_usrq(srq)->xrcd)) ||
 	    (tgt && !xrcd) ||
 	    cap.max_send_wr > URDMA_MAX_QP_WR ||
@@ -124,7 +125,7 @@ struct ibv_qp *urdma_qp_create(struct ibv_context *context,
 		if (cap.max_inline_data < 256)
 			cap.max_inline_data = 256;
 	}
-	if (!cap.max_recv_sge && type == IBV_QPT_RC)
+	if (!cap.max_recv_sge && rq)
 		cap.max_recv_sge = 1;
 
 	qp = urdma_zalloc(sizeof(*qp));
@@ -159,7 +160,7 @@ struct ibv_qp *urdma_qp_create(struct ibv_context *context,
 	}
 	/* On an SRQ, or without a receive queue, the QP's own ring is not
 	 * used: it keeps one entry, and it reports none. */
-	if (srq || type != IBV_QPT_RC)
+	if (srq || !rq)
 		cap.max_recv_wr = 0;
 	ret = -urdma_rq_init(qp, cap.max_recv_wr,
 			     srq || !cap.max_recv_sge ? 1 : cap.max_recv_sge);
@@ -414,6 +415,10 @@ static const struct qp_trans qp_trans[IBV_QPS_ERR + 1][IBV_QPS_ERR + 1] = {
 };
 #undef T
 
+#define UC_NONE                                                                \
+	(IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER | IBV_QP_TIMEOUT |   \
+	 IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC)
+
 #define QP_ACCESS_OK                                                           \
 	(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |                    \
 	 IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)
@@ -521,6 +526,12 @@ int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
 	if (ibqp->qp_type == IBV_QPT_XRC_RECV && next == IBV_QPS_RTS &&
 	    cur == IBV_QPS_RTR)
 		req = IBV_QP_TIMEOUT | IBV_QP_SQ_PSN;
+	/* UC: no acknowledgements, so no timeouts, retries, RNR timer or
+	 * responder resources. */
+	if (ibqp->qp_type == IBV_QPT_UC) {
+		req &= ~UC_NONE;
+		opt &= ~UC_NONE;
+	}
 	if (!t->ok || (mask & req) != req || (mask & ~(req | opt))) {
 		urdma_dbg("qp %#x: %s -> %s with mask %#x refused",
 			  ibqp->qp_num, qp_state_names[cur],

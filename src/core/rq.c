@@ -320,7 +320,8 @@ int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	uint32_t prod;
 
 	/* XRC QPs (and ibv_open_qp's handles) have no receive queue. */
-	if (ibqp->qp_type != IBV_QPT_RC) {
+	if (ibqp->qp_type == IBV_QPT_XRC_SEND ||
+	    ibqp->qp_type == IBV_QPT_XRC_RECV) {
 		*bad = wr;
 		return EINVAL;
 	}

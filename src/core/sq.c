@@ -100,6 +100,8 @@ static uint64_t rnr_timer_ns(uint32_t code)
 	return (uint64_t)t10us[code & 31] * 10000;
 }
 
+#define UC_GRACE_NS 1000000000ull
+
 /* Decide what a WR the responder could not take becomes. */
 static bool sq_retry_exceeded(struct urdma_qp *qp, struct urdma_swqe *wqe,
 			      enum urdma_tx r, enum ibv_wc_status *status)
@@ -111,6 +113,17 @@ static bool sq_retry_exceeded(struct urdma_qp *qp, struct urdma_swqe *wqe,
 	waited = now - wqe->first_try_ns;
 	if (qp->peer && urdma_peer_dead(qp->peer)) {
 		*status = IBV_WC_RETRY_EXC_ERR;
+		return true;
+	}
+	/* UC waits for no responder: a message that finds no way to it
+	 * for a while (its QP is not there yet, the stream is not up) goes
+	 * into the void, as a NIC's would, and completes. */
+	if (qp->ibqp.qp_type == IBV_QPT_UC) {
+		if (waited < UC_GRACE_NS)
+			return false;
+		urdma_dbg("qp %#x: wr %#llx dropped: no responder", qp->ibqp.qp_num,
+			  (unsigned long long)wqe->wr_id);
+		*status = IBV_WC_SUCCESS;
 		return true;
 	}
 	if (r == URDMA_TX_RNR) {
@@ -500,6 +513,13 @@ static int sq_admit(struct urdma_qp *qp, const struct ibv_send_wr *wr,
 	int ret;
 
 	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR)
+		return EINVAL;
+	/* UC has no Reads, atomics or invalidation. */
+	if (qp->ibqp.qp_type == IBV_QPT_UC &&
+	    (wr->opcode == IBV_WR_RDMA_READ ||
+	     wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+	     wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
+	     wr->opcode == IBV_WR_SEND_WITH_INV))
 		return EINVAL;
 	/* An XRC send QP's WRs that reach the target name the SRQ; its
 	 * messages do not invalidate (the Invalidate STag's field carries

@@ -353,16 +353,20 @@ run_multi() {
     for ((i = 1; i <= n; i++)); do show_log "$base.client$i.log" "client $i output"; done
 }
 
-# xrc_perftest_cases DEVICE: perftest over XRC (-c XRC: send, Write, Read
-# and atomics through an XRC target QP into an XRC SRQ), as run_cases cases
-# in XRC_PERFTEST_CASES.
-xrc_perftest_cases() {
+# qp_type_perftest_cases DEVICE: perftest over XRC (-c XRC: send, Write,
+# Read and atomics through an XRC target QP into an XRC SRQ) and UC (-c UC:
+# send and Write; -n 500, fewer than the receives the server posts, as UC
+# drops what finds none), as run_cases cases in QPT_PERFTEST_CASES.
+qp_type_perftest_cases() {
     local t
-    XRC_PERFTEST_CASES=()
+    QPT_PERFTEST_CASES=()
     for t in ib_send_bw ib_send_lat ib_write_bw ib_write_lat ib_read_bw \
              ib_read_lat ib_atomic_bw ib_atomic_lat; do
         need_cmd "$t" perftest
-        XRC_PERFTEST_CASES+=("$t (XRC)|$t -d $1 -F -c XRC -n 500")
+        QPT_PERFTEST_CASES+=("$t (XRC)|$t -d $1 -F -c XRC -n 500")
+        case $t in ib_send_* | ib_write_*)
+            QPT_PERFTEST_CASES+=("$t (UC)|$t -d $1 -F -c UC -n 500") ;;
+        esac
     done
 }
 show_nothing() { :; }

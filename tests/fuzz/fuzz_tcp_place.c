@@ -161,13 +161,15 @@ static int qp_state(struct ibv_qp *qp)
 	return ibv_query_qp(qp, &a, IBV_QP_STATE, &ia) ? -1 : (int)a.qp_state;
 }
 
-/* Connect a fresh QP to a fake peer; the fake's socket, or -1. */
-static int connect_qp(struct ibv_qp **qpp, int *lfd, bool *crc, uint32_t *sink_stag,
-		      uint32_t *msn)
+/* Connect a fresh QP (RC, or UC: what it can't take it drops) to a fake
+ * peer; the fake's socket, or -1. */
+static int connect_qp(struct ibv_qp **qpp, int *lfd, bool *crc, bool uc,
+		      uint32_t *sink_stag, uint32_t *msn)
 {
 	struct ibv_qp_init_attr ia = { .send_cq = G.cq, .recv_cq = G.cq,
-				       .qp_type = IBV_QPT_RC,
+				       .qp_type = uc ? IBV_QPT_UC : IBV_QPT_RC,
 				       .cap = { 8, 8, 1, 1, 0 } };
+	int rc_only = uc ? 0 : IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
 	struct ibv_qp *qp = ibv_create_qp(G.pd, &ia);
 	struct ibv_qp_attr at;
 	struct sockaddr_in sa = { .sin_family = AF_INET,
@@ -207,14 +209,15 @@ static int connect_qp(struct ibv_qp **qpp, int *lfd, bool *crc, uint32_t *sink_s
 	memcpy(at.ah_attr.grh.dgid.raw, (uint8_t[16]){ [10] = 0xff, [11] = 0xff, 127, 0, 0, 1 },
 	       16);
 	FUZZ_ASSERT(!ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-						    IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-						    IBV_QP_MAX_DEST_RD_ATOMIC |
-						    IBV_QP_MIN_RNR_TIMER), "RTR");
+						    IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | rc_only),
+		    "RTR");
 	at = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7,
 				   .rnr_retry = 7, .max_rd_atomic = 4 };
-	FUZZ_ASSERT(!ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
-						    IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-						    IBV_QP_MAX_QP_RD_ATOMIC), "RTS");
+	FUZZ_ASSERT(!ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_SQ_PSN |
+						    (uc ? 0 : IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+							   IBV_QP_RNR_RETRY |
+							   IBV_QP_MAX_QP_RD_ATOMIC)),
+		    "RTS");
 	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	sa.sin_port = htons(qp->qp_num >> 8);
 	FUZZ_ASSERT(fd >= 0 && !connect(fd, (struct sockaddr *)&sa, sizeof(sa)), "connect");
@@ -232,7 +235,12 @@ static int connect_qp(struct ibv_qp **qpp, int *lfd, bool *crc, uint32_t *sink_s
 	FUZZ_ASSERT(read_all(fd, &rep, sizeof(rep), 5000) && !(rep.f.flags & MPA_FLAG_R),
 		    "the MPA Reply");
 	*crc = *crc || (rep.f.flags & MPA_FLAG_C); /* either side's wish */
-	/* One RDMA Read outstanding: its Request tells us the sink STag. */
+	/* One RDMA Read outstanding: its Request tells us the sink STag (UC
+	 * has no Reads: no sink). */
+	memset(msn, 0, sizeof(uint32_t) * DDP_NUM_QN);
+	*sink_stag = 0;
+	if (uc)
+		return fd;
 	{
 		struct ibv_sge sge = { .addr = (uintptr_t)page(REG_S), .length = SINK_LEN,
 				       .lkey = G.mr[REG_S]->lkey };
@@ -246,7 +254,6 @@ static int connect_qp(struct ibv_qp **qpp, int *lfd, bool *crc, uint32_t *sink_s
 	}
 	FUZZ_ASSERT(read_all(fd, rr, sizeof(rr), 5000), "the Read Request");
 	*sink_stag = iwarp_get32(rr + 2 + sizeof(struct ddp_untagged_hdr));
-	memset(msn, 0, sizeof(uint32_t) * DDP_NUM_QN);
 	return fd;
 }
 
@@ -377,6 +384,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	uint32_t sink, msn[DDP_NUM_QN], send_mo = 0;
 	struct ibv_qp *qp;
 	bool crc = size && data[0] & 1;
+	bool uc = size && data[0] & 2; /* a UC QP: drops instead of errors */
 	size_t off = 1, len = 0;
 	int fd, lfd, st;
 	struct ibv_wc wc[16];
@@ -385,7 +393,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	setup();
 	memset(G.mem, PAT, NPAGE * PG);
-	fd = connect_qp(&qp, &lfd, &crc, &sink, msn);
+	fd = connect_qp(&qp, &lfd, &crc, uc, &sink, msn);
 	while (off + sizeof(struct rec) <= size && len < sizeof(stream) - 70000) {
 		struct rec r;
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # urdma's TCP wire format as Wireshark's iWARP dissectors see it.  For each
-# workload (ibv_rc_pingpong -g N, ib_write_bw, ib_read_bw, ib_send_bw, and
+# workload (ibv_rc_pingpong -g N, ib_write_bw, ib_read_bw, ib_send_bw,
 # ib_read_bw -b with 1 MiB Reads both ways, whose Read Responses fill the
-# sockets so that non-blocking writes cut FPDUs and finish them later; server
+# sockets so that non-blocking writes cut FPDUs and finish them later, UC's
+# ibv_uc_pingpong and XRC's ib_send_bw -c XRC, whose Sends carry the SRQ
+# number in DDP's field reserved for the ULP; server
 # in namespace A, client in namespace B, URDMA_TRANSPORT=tcp), tshark captures
 # the TCP traffic on the veth in B (without the programs' own out-of-band port)
 # and decodes it with the MPA (iwarp_mpa) and DDP/RDMAP (iwarp_ddp_rdmap)
@@ -241,6 +243,8 @@ CASES=(
     "read_bw|ib_read_bw -d $DEV -F -n 200|-x|read"
     "send_bw|ib_send_bw -d $DEV -F -n 200|-x|send"
     "read_bw_both_ways|ib_read_bw -d $DEV -F -b -s 1048576 -n 40|-x|read"
+    "uc_pingpong|ibv_uc_pingpong -n 200|-g|send"
+    "xrc_send_bw|ib_send_bw -d $DEV -F -c XRC -n 200|-x|send"
 )
 
 log "tshark: $(tshark --version 2>/dev/null | head -n 1)"

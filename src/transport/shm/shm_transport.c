@@ -364,6 +364,17 @@ static int take_srq(struct urdma_qp *qp, struct rcv *r)
 	return 0;
 }
 
+/* A UC message the responder does not take is dropped, as UC drops it:
+ * the sender, which no acknowledgement tells, completes it. */
+static enum urdma_tx uc_drop(struct urdma_qp *qp, const struct urdma_swqe *w,
+			     const char *why, enum ibv_wc_status *status)
+{
+	urdma_dbg("qp %#x: uc message %#llx dropped: %s", qp->ibqp.qp_num,
+		  (unsigned long long)w->wr_id, why);
+	*status = IBV_WC_SUCCESS;
+	return URDMA_TX_DONE;
+}
+
 /*
  * SEND, SEND_WITH_IMM, SEND_WITH_INV and RDMA_WRITE_WITH_IMM: consume the
  * responder's next receive WR, of its ring or its SRQ.  For the write,
@@ -376,6 +387,7 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 	struct urdma_span local[URDMA_MAX_SGE + 1], dst[URDMA_MAX_SGE + 1];
 	enum ibv_wc_status rx_status = IBV_WC_SUCCESS;
 	bool is_write = w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+	bool uc = qp->ibqp.qp_type == IBV_QPT_UC;
 	struct urdma_shm_rqe *e;
 	struct rcv r;
 	int nl = 0, nd = 0, ret;
@@ -387,16 +399,22 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 
 	urdma_rq_busy(t);
 	if (!responder_ready(qp)) {
-		atomic_store(&t->rnr_waiter, 1);
 		urdma_rq_idle(t);
+		if (uc)
+			return uc_drop(qp, w, "the responder is not ready",
+				       status);
+		atomic_store(&t->rnr_waiter, 1);
 		return URDMA_TX_NOT_READY;
 	}
 	/* What is refused takes no receive WR: a Write's rkey, the key of a
-	 * Send with Invalidate.  Both QPs to ERR, the receives flushed. */
+	 * Send with Invalidate.  Both QPs to ERR, the receives flushed (UC:
+	 * the message is dropped). */
 	if ((is_write && remote_span(qp, w, IBV_ACCESS_REMOTE_WRITE,
 				     w->byte_len, &dst[0])) ||
 	    (w->opcode == IBV_WR_SEND_WITH_INV && !inv_valid(qp, w->imm_data))) {
 		urdma_rq_idle(t);
+		if (uc)
+			return uc_drop(qp, w, "its rkey is refused", status);
 		*status = IBV_WC_REM_ACCESS_ERR;
 		responder_error(qp);
 		return URDMA_TX_DONE;
@@ -404,6 +422,8 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 	ret = qp->peer_srq ? take_srq(qp, &r) : take_ring(qp, &r);
 	if (ret) {
 		urdma_rq_idle(t);
+		if (ret == URDMA_TX_RNR && uc)
+			return uc_drop(qp, w, "no receive is posted", status);
 		if (ret == URDMA_TX_RNR)
 			return URDMA_TX_RNR;
 		*status = IBV_WC_REM_OP_ERR;
@@ -418,7 +438,13 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 		rx_status = IBV_WC_LOC_PROT_ERR;
 		*status = IBV_WC_REM_OP_ERR;
 	} else if (room < w->byte_len) {
-		rx_status = IBV_WC_LOC_LEN_ERR;
+		if (uc && !qp->peer_srq) { /* taken back: not published */
+			urdma_rq_idle(t);
+			return uc_drop(qp, w, "it is longer than the receive",
+				       status);
+		}
+		/* (UC: the SRQ's entry is claimed, so it completes) */
+		rx_status = uc ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_LOC_LEN_ERR;
 		*status = IBV_WC_REM_INV_REQ_ERR;
 	}
 	if (rx_status == IBV_WC_SUCCESS &&
@@ -445,6 +471,19 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 		qp->peer_done = r.idx + 1;
 	}
 	urdma_rq_idle(t);
+	if (uc && rx_status != IBV_WC_WR_FLUSH_ERR) {
+		/* No acknowledgement tells the sender.  A receive the
+		 * responder could not use puts it in error; a length error
+		 * does not (IBA's UC error classes). */
+		if (rx_status == IBV_WC_LOC_PROT_ERR)
+			responder_error(qp);
+		else
+			responder_notify(qp,
+					 (w->send_flags & IBV_SEND_SOLICITED) ||
+						 rx_status != IBV_WC_SUCCESS);
+		*status = IBV_WC_SUCCESS;
+		return URDMA_TX_DONE;
+	}
 	if (rx_status != IBV_WC_SUCCESS) {
 		responder_error(qp);
 		return URDMA_TX_DONE;
@@ -473,7 +512,10 @@ static enum urdma_tx run_wr(struct urdma_qp *qp, struct urdma_swqe *w,
 	}
 	/* One-sided: no receive WR; the responder only has to be there. */
 	if (!responder_ready(qp))
-		return URDMA_TX_NOT_READY;
+		return qp->ibqp.qp_type == IBV_QPT_UC ?
+			       uc_drop(qp, w, "the responder is not ready",
+				       status) :
+			       URDMA_TX_NOT_READY;
 
 	switch (w->opcode) {
 	case IBV_WR_RDMA_WRITE:
@@ -537,6 +579,8 @@ static enum urdma_tx run_wr(struct urdma_qp *qp, struct urdma_swqe *w,
 		return URDMA_TX_DONE;
 	}
 	/* A remote key, bound or right was refused. */
+	if (qp->ibqp.qp_type == IBV_QPT_UC)
+		return uc_drop(qp, w, "its rkey is refused", status);
 	*status = IBV_WC_REM_ACCESS_ERR;
 	responder_error(qp);
 	return URDMA_TX_DONE;

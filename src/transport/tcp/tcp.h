@@ -141,6 +141,11 @@ struct tcp_conn {
 	 * (rx_locked), after the requests that came with them are queued */
 	bool note, note_solicited;
 	uint64_t write_len, last_write_len;
+	/* UC drops what it can't take: the rest of a Send (rx_dropping),
+	 * a Write's segments (write_dropped, then last_write_dropped for its
+	 * Immediate Data); rx_uc_drops counts dropped messages. */
+	bool rx_dropping, write_dropped, last_write_dropped;
+	uint64_t rx_uc_drops;
 	_Atomic bool stalled; /* a Send waits for a receive WR */
 	_Atomic uint64_t last_poll_ns; /* an application thread polled */
 	uint64_t rx_bytes;     /* received so far (rx_lock) */
@@ -296,6 +301,15 @@ void tx_fin(struct tcp_conn *c);
 /* tcp_rx.c */
 bool unc_alloc(struct tcp_conn *c, struct urdma_qp *qp);
 void rcv_abandon(struct tcp_conn *c);
+/* tcp_rx.c and tcp_recv.c: what handling a message gives, and the helpers
+ * the receive path shares (under rx_lock). */
+enum { RX_OK, RX_STALL, RX_ERR };
+void rq_note(struct tcp_conn *c, bool solicited);
+bool rq_enter(struct urdma_qp *qp);
+int spans_put(struct urdma_peer *peer, const struct urdma_span *sp, int n,
+	      uint64_t off, const uint8_t *src, uint64_t len);
+int rx_send(struct tcp_conn *c, const struct iwarp_msg *m, uint32_t *term);
+int rx_imm(struct tcp_conn *c, const struct iwarp_msg *m, uint32_t *term);
 struct tcp_unc *unc_push(struct tcp_conn *c, uint32_t wr_idx,
 				uint8_t kind, uint32_t msn);
 void unc_settle(struct tcp_conn *c, uint32_t f, enum ibv_wc_status st);

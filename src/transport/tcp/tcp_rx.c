@@ -2,8 +2,8 @@
 /*
  * The TCP transport's receive path and placement: reading the stream,
  * parsing FPDUs (iwarp_parse.c), checking STags and bounds, placing Writes
- * and Read Responses into registered memory and Sends into receive WRs,
- * answering Reads and atomics; and the QP side of an error (unconfirmed
+ * and Read Responses into registered memory (Sends into receive WRs:
+ * tcp_recv.c), answering Reads and atomics; and the QP side of an error (unconfirmed
  * WRs settled, a Terminate framed).  Received FPDUs are processed by
  * whoever gets conn->rx_lock first: ibv_poll_cq (so a polling application
  * needs no thread switch) or the progress thread (epoll on the socket, so
@@ -193,8 +193,6 @@ static void rx_fail(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
 
 /* ---- receiving ---- */
 
-enum { RX_OK, RX_STALL, RX_ERR };
-
 /*
  * A receive completed: noted here, and its armed CQ notified at the end
  * of the pass (rx_locked: rq_notify), once what came with it is handled.
@@ -204,7 +202,7 @@ enum { RX_OK, RX_STALL, RX_ERR };
  * answer, as with a NIC's acknowledgement (perftest -e waits for the two
  * on one channel).
  */
-static void rq_note(struct tcp_conn *c, bool solicited)
+void rq_note(struct tcp_conn *c, bool solicited)
 {
 	c->note = true;
 	c->note_solicited |= solicited;
@@ -223,7 +221,7 @@ static void rq_notify(struct tcp_conn *c)
 
 /* Enter our own receive ring as its deliverer, as the shm requester enters
  * a peer's.  false: the QP no longer receives. */
-static bool rq_enter(struct urdma_qp *qp)
+bool rq_enter(struct urdma_qp *qp)
 {
 	urdma_rq_busy(qp->shm);
 	if (atomic_load(&qp->shm->state) == URDMA_SQPS_RTR)
@@ -234,8 +232,8 @@ static bool rq_enter(struct urdma_qp *qp)
 
 /* Copy len bytes into spans (of peer's memory; NULL: ours) at byte
  * offset off. */
-static int spans_put(struct urdma_peer *peer, const struct urdma_span *sp,
-		     int n, uint64_t off, const uint8_t *src, uint64_t len)
+int spans_put(struct urdma_peer *peer, const struct urdma_span *sp, int n,
+	      uint64_t off, const uint8_t *src, uint64_t len)
 {
 	struct urdma_span d[URDMA_MAX_SGE];
 	struct urdma_span s = { .len = len, .ptr = (uint8_t *)src };
@@ -304,324 +302,6 @@ static int remote_access(struct urdma_qp *qp, uint32_t stag, uint64_t to,
 	return ret;
 }
 
-/* An XRC target's message for XRC SRQ srqn: of its domain, of this
- * process or another of this user's (found by its record, placed into
- * through that context, as a shm deliverer does), entered
- * (urdma_xsrq_enter) until the segment is placed.  As rcv_claim. */
-static int rcv_claim_xrc(struct tcp_conn *c, uint32_t srqn, uint32_t *term)
-{
-	struct urdma_xsrq_ref *r = &c->rcv_xref;
-	struct urdma_shm_srq *s;
-	uint32_t idx;
-	bool wake;
-	int ret = urdma_xsrq_ref_find(r, srqn, c->qp->xrcd->id);
-
-	if (ret == -EAGAIN)
-		return RX_STALL; /* its context is answering */
-	if (ret || !urdma_xsrq_enter(r)) {
-		urdma_info("qp %#x: a message for SRQ %#x, which is not one of "
-			   "its domain", c->qp->ibqp.qp_num, srqn);
-		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
-				  TERM_DDP_EC_U_INV_QN, TERM_HDRCT_D);
-		return RX_ERR;
-	}
-	s = r->shm;
-	if (urdma_srq_claim(s, r->ring, &r->rq, &idx, &wake)) {
-		urdma_xsrq_leave(s);
-		return RX_STALL; /* none, or the SRQ is corrupt */
-	}
-	if (wake)
-		urdma_peer_wake(r->peer);
-	c->rcv_e = urdma_rqe_at(r->ring, &r->rq, idx);
-	c->rcv_srq = NULL;
-	c->rcv_xsrq = s;
-	c->rcv_idx = idx;
-	c->rcv_got = 0;
-	return 0;
-}
-
-/* Enter again, for a later segment, the XRC SRQ whose receive the
- * message holds: false if it is gone (its owner destroyed it), and the
- * receive with it. */
-static bool rcv_xrc_reenter(struct tcp_conn *c)
-{
-	if (urdma_xsrq_enter(&c->rcv_xref))
-		return true;
-	c->rcv_active = false;
-	c->rcv_xsrq = NULL;
-	return false;
-}
-
-/* Claim the next receive WR (of the QP's ring or its SRQ's; an XRC
- * target's: of the SRQ of its domain the message names, ulp), with the
- * QP's ring entered.  0, RX_STALL (none posted), or RX_ERR (no such XRC
- * SRQ: *term). */
-static int rcv_claim(struct tcp_conn *c, uint32_t ulp, uint32_t *term)
-{
-	struct urdma_qp *qp = c->qp;
-	struct urdma_srq *srq = qp->srq;
-	uint32_t done;
-	bool wake;
-
-	if (qp->xrcd)
-		return rcv_claim_xrc(c, ulp, term);
-	if (srq) {
-		if (urdma_srq_claim(srq->shm, srq->ring, &srq->rq, &done,
-				    &wake))
-			return RX_STALL; /* none, or the SRQ is corrupt */
-		if (wake)
-			urdma_progress_kick();
-		c->rcv_e = urdma_rqe_at(srq->ring, &srq->rq, done);
-	} else {
-		done = atomic_load(&qp->shm->rq_done);
-		if (done == atomic_load_explicit(&qp->rq_prod,
-						 memory_order_acquire))
-			return RX_STALL;
-		c->rcv_e = urdma_rq_entry(qp, done);
-	}
-	c->rcv_srq = srq;
-	c->rcv_xsrq = NULL;
-	c->rcv_idx = done;
-	c->rcv_got = 0;
-	return 0;
-}
-
-/* Complete the claimed receive, with the ring (or the XRC SRQ) entered
- * (unless the owner flushed it meanwhile: an SRQ's entry is always
- * completed). */
-static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
-			 enum ibv_wc_opcode op, uint64_t byte_len,
-			 uint32_t wc_flags, uint32_t imm_data)
-{
-	struct urdma_shm_rqe *e = c->rcv_e;
-	struct urdma_srq *srq = c->rcv_srq;
-	struct urdma_shm_srq *xs = c->rcv_xsrq;
-
-	c->rcv_active = false;
-	c->rcv_xsrq = NULL;
-	if (!srq && !xs && atomic_load(&c->qp->shm->rq_done) != c->rcv_idx)
-		return;
-	e->status = st;
-	e->opcode = op;
-	e->byte_len = byte_len;
-	e->imm_data = imm_data;
-	e->wc_flags = wc_flags; /* imm_data: immediate or invalidated rkey */
-	e->src_qp = c->peer_qpn;
-	c->rx_recvs++;
-	if (srq || xs)
-		urdma_srq_publish(e, c->rcv_idx, c->local_qpn);
-	else
-		atomic_store_explicit(&c->qp->shm->rq_done, c->rcv_idx + 1,
-				      memory_order_release);
-	/* An XRC SRQ completes into its own CQ: its owner's progress thread
-	 * takes it there and fires it, if armed (srq.c). */
-	if (xs && urdma_rq_notify_claim(&xs->notify,
-					c->rcv_se || st != IBV_WC_SUCCESS)) {
-		atomic_store(&xs->notify_fired, 1);
-		urdma_peer_wake(c->rcv_xref.peer);
-	}
-}
-
-/* The spans of the claimed receive WR: checked in the MR table and PD of
- * the context and PD whose WR it is. */
-static int rcv_spans(struct tcp_conn *c)
-{
-	struct urdma_qp *qp = c->qp;
-	struct urdma_srq *srq = c->rcv_srq;
-	const struct urdma_xsrq_ref *r = &c->rcv_xref;
-
-	if (c->rcv_xsrq)
-		return urdma_rqe_spans(urdma_peer_shm(r->peer), r->pd_id,
-				       r->rq.max_sge, c->rcv_e, c->rcv_sp,
-				       &c->rcv_n, &c->rcv_room);
-	return urdma_rqe_spans(srq ? srq->uctx->shm : qp->uctx->shm,
-			       to_upd(srq ? srq->ibsrq.pd : qp->ibqp.pd)->id,
-			       srq ? srq->rq.max_sge : qp->rq.max_sge,
-			       c->rcv_e, c->rcv_sp, &c->rcv_n, &c->rcv_room);
-}
-
-/* The QP stops receiving (error, disconnect) in the middle of a Send: an
- * SRQ's entry it holds completes as flushed, or the SRQ would wait for it.
- * (Its own ring's entries the owner flushes.)  Under rx_lock. */
-void rcv_abandon(struct tcp_conn *c)
-{
-	struct urdma_shm_srq *xs = c->rcv_xsrq;
-
-	if (!c->rcv_active)
-		return;
-	if (xs) { /* unless its owner destroyed it meanwhile */
-		if (rcv_xrc_reenter(c)) {
-			rcv_complete(c, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0, 0,
-				     0);
-			urdma_xsrq_leave(xs);
-		}
-	} else if (c->rcv_srq) {
-		rcv_complete(c, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0, 0, 0);
-	}
-}
-
-/* A Send segment: the first claims a receive WR, each is placed at its
- * MO, the last completes the WR.  One pass through the ring's handshake
- * per segment. */
-static int rx_send(struct tcp_conn *c, const struct iwarp_msg *m,
-		   uint32_t *term)
-{
-	struct urdma_qp *qp = c->qp;
-	bool done = false, solicited = m->opcode == RDMAP_SEND_SE ||
-				       m->opcode == RDMAP_SEND_SE_INV;
-	bool inv = m->opcode == RDMAP_SEND_INV ||
-		   m->opcode == RDMAP_SEND_SE_INV;
-	struct urdma_shm_srq *entered = NULL; /* an XRC SRQ, for the segment */
-	int r = RX_OK;
-
-	if (!rq_enter(qp))
-		return RX_OK; /* the QP left RTR: the stream is closing */
-	/* An XRC send QP receives nothing; an XRC target's Sends name their
-	 * SRQ in the field a Send with Invalidate would use. */
-	if (qp->ibqp.qp_type == IBV_QPT_XRC_SEND || (inv && qp->xrcd)) {
-		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
-				  TERM_RDMAP_EC_OPCODE, TERM_HDRCT_D);
-		r = RX_ERR;
-		goto out;
-	}
-	/* An STag to invalidate that names no window of the QP: refused
-	 * before a receive is taken (RFC 5040 7.2). */
-	if (inv && !m->mo && !c->rcv_active &&
-	    !urdma_mw_remote_invalidate(qp, m->stag, true)) {
-		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_PROT,
-				  TERM_RDMAP_EC_INV_STAG, TERM_HDRCT_D);
-		r = RX_ERR;
-		goto out;
-	}
-	c->rcv_se = solicited;
-	if (c->rcv_active && c->rcv_xsrq) { /* a later segment */
-		entered = c->rcv_xsrq;
-		if (!rcv_xrc_reenter(c)) { /* the SRQ went meanwhile */
-			entered = NULL;
-			*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
-					  TERM_DDP_EC_U_INV_QN, TERM_HDRCT_D);
-			r = RX_ERR;
-			goto out;
-		}
-	}
-	if (!m->mo && !c->rcv_active) {
-		r = rcv_claim(c, m->stag, term);
-		if (r) /* RX_STALL, like RNR: hold the stream */
-			goto out;
-		entered = c->rcv_xsrq;
-		c->rcv_active = true;
-		if (rcv_spans(c)) {
-			rcv_complete(c, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0,
-				     0, 0);
-			*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
-					  TERM_RDMAP_EC_UNSPEC, TERM_HDRCT_D);
-			r = RX_ERR;
-			goto out_done;
-		}
-	}
-	if (!c->rcv_active || m->mo != c->rcv_got) {
-		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
-				  TERM_DDP_EC_U_INV_MO, TERM_HDRCT_D);
-		r = RX_ERR;
-		goto out;
-	}
-	if (c->rcv_got + m->len > c->rcv_room) {
-		rcv_complete(c, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0, 0, 0);
-		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
-				  TERM_DDP_EC_U_TOO_LONG, TERM_HDRCT_D);
-		r = RX_ERR;
-		goto out_done;
-	}
-	if (m->len && spans_put(c->rcv_xsrq ? c->rcv_xref.peer : NULL,
-				c->rcv_sp, c->rcv_n, c->rcv_got, m->payload,
-				m->len)) {
-		rcv_complete(c, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0, 0, 0);
-		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
-				  TERM_RDMAP_EC_UNSPEC, TERM_HDRCT_D);
-		r = RX_ERR;
-		goto out_done;
-	}
-	c->rcv_got += m->len;
-	if (!m->last)
-		goto out;
-	if (inv) {
-		/* Send with Invalidate: ours to do, before the completion;
-		 * a key that names no window of the QP is a protection
-		 * error. */
-		if (urdma_mw_remote_invalidate(qp, m->stag, false)) {
-			rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV, c->rcv_got,
-				     IBV_WC_WITH_INV | URDMA_RQE_F_INV_DONE,
-				     m->stag);
-		} else {
-			/* RFC 5040 7.2: an invalid STag to invalidate */
-			rcv_complete(c, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0, 0,
-				     0);
-			*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_PROT,
-					  TERM_RDMAP_EC_INV_STAG, TERM_HDRCT_D);
-			r = RX_ERR;
-		}
-	} else {
-		rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV, c->rcv_got,
-			     c->imm_pending ? IBV_WC_WITH_IMM : 0, c->imm);
-	}
-	c->imm_pending = false;
-	c->rx_msn[DDP_QN_SEND]++;
-out_done:
-	done = true;
-out:
-	if (entered)
-		urdma_xsrq_leave(entered);
-	urdma_rq_idle(qp->shm);
-	if (done) /* errors always notify */
-		rq_note(c, solicited || r == RX_ERR);
-	return r;
-}
-
-/* Immediate Data: for the next Send, or completing a Write's receive. */
-static int rx_imm(struct tcp_conn *c, const struct iwarp_msg *m,
-		  uint32_t *term)
-{
-	struct urdma_qp *qp = c->qp;
-	struct urdma_shm_srq *entered;
-	int r;
-
-	if (qp->ibqp.qp_type == IBV_QPT_XRC_SEND) { /* receives nothing */
-		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
-				  TERM_RDMAP_EC_OPCODE, TERM_HDRCT_D);
-		return RX_ERR;
-	}
-	/* Not inside a Send still being placed: its receive is claimed. */
-	if (c->rcv_active) {
-		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
-				  TERM_DDP_EC_U_INV_MSN, TERM_HDRCT_D);
-		return RX_ERR;
-	}
-
-	if (m->u.imm.flags & URDMA_IMM_FOR_SEND) {
-		c->imm_pending = true;
-		c->imm = m->u.imm.imm;
-		c->rx_msn[DDP_QN_SEND]++;
-		return RX_OK;
-	}
-	if (!rq_enter(qp))
-		return RX_OK;
-	c->rcv_se = m->opcode == RDMAP_IMM_SE;
-	r = rcv_claim(c, m->stag, term);
-	if (r) {
-		urdma_rq_idle(qp->shm);
-		return r;
-	}
-	entered = c->rcv_xsrq;
-	rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM,
-		     c->last_write_len, IBV_WC_WITH_IMM, m->u.imm.imm);
-	if (entered)
-		urdma_xsrq_leave(entered);
-	urdma_rq_idle(qp->shm);
-	rq_note(c, m->opcode == RDMAP_IMM_SE);
-	c->rx_msn[DDP_QN_SEND]++;
-	return RX_OK;
-}
-
 static int rx_write(struct tcp_conn *c, const struct iwarp_msg *m,
 		    uint32_t *term)
 {
@@ -629,11 +309,13 @@ static int rx_write(struct tcp_conn *c, const struct iwarp_msg *m,
 	int err = remote_access(c->qp, m->stag, m->to, m->len,
 				IBV_ACCESS_REMOTE_WRITE, &d);
 
-	if (err) {
+	if (err && c->qp->ibqp.qp_type != IBV_QPT_UC) {
 		*term = lookup_term(err, true);
 		return RX_ERR;
 	}
-	if (m->len) {
+	if (err) { /* UC: the Write is dropped, its immediate data too */
+		c->write_dropped = true;
+	} else if (m->len) {
 		struct urdma_span s = { .len = m->len, .ptr = (uint8_t *)m->payload };
 
 		if (urdma_copy_spans(NULL, &d, 1, NULL, &s, 1, m->len)) {
@@ -644,8 +326,11 @@ static int rx_write(struct tcp_conn *c, const struct iwarp_msg *m,
 	c->write_len += m->len;
 	if (m->last) {
 		c->last_write_len = c->write_len;
+		c->last_write_dropped = c->write_dropped;
 		c->write_len = 0;
+		c->write_dropped = false;
 		c->rx_writes++;
+		c->rx_uc_drops += c->last_write_dropped;
 	}
 	return RX_OK;
 }
@@ -721,6 +406,11 @@ static int rx_read_req(struct tcp_conn *c, const struct iwarp_msg *m,
 	struct urdma_span src;
 	int err;
 
+	if (c->qp->ibqp.qp_type == IBV_QPT_UC) { /* UC has no Reads */
+		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
+				  TERM_RDMAP_EC_OPCODE, TERM_HDRCT_D);
+		return RX_ERR;
+	}
 	err = remote_access(c->qp, rr->src_stag, rr->src_to, rr->size,
 			    IBV_ACCESS_REMOTE_READ, &src);
 	if (err) {
@@ -760,8 +450,8 @@ static int rx_atomic_req(struct tcp_conn *c, const struct iwarp_msg *m,
 	uint64_t orig;
 	int err;
 
-	/* We implement the verbs atomics: no masks. */
-	if (a->opcode > ATOMIC_CMP_SWAP ||
+	/* We implement the verbs atomics: no masks.  UC has none. */
+	if (c->qp->ibqp.qp_type == IBV_QPT_UC || a->opcode > ATOMIC_CMP_SWAP ||
 	    (a->opcode == ATOMIC_FETCH_ADD && a->add_swap_mask) ||
 	    (a->opcode == ATOMIC_CMP_SWAP &&
 	     (~a->add_swap_mask || ~a->compare_mask))) {

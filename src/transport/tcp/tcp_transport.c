@@ -203,24 +203,28 @@ static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
 	bool imm = w->opcode == IBV_WR_SEND_WITH_IMM ||
 		   w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
 	bool se = w->send_flags & IBV_SEND_SOLICITED;
-	bool sig = qp->sq_sig_all || (w->send_flags & IBV_SEND_SIGNALED);
+	/* UC: nothing confirms a message (tcp_execute completes it). */
+	bool uc = qp->ibqp.qp_type == IBV_QPT_UC;
+	bool sig = !uc && (qp->sq_sig_all || (w->send_flags & IBV_SEND_SIGNALED));
 	uint8_t h[sizeof(struct ddp_untagged_hdr)];
 	uint32_t tag = 0, hl;
 	struct tcp_unc *u;
 	int ret = 0;
 
-	pthread_mutex_lock(&c->ord_lock);
-	u = unc_push(c, qp->sq_head, send ? K_SEND : K_WRITE,
-		     c->tx_msn[DDP_QN_SEND] + (imm && send));
-	u->stag = w->rkey;
-	u->to = w->remote_addr;
-	u->len = w->byte_len;
-	if (sig) {
-		tag = ++c->next_tag;
-		unc_push(c, qp->sq_head, K_FLUSH, c->tx_msn[DDP_QN_READ])->tag =
-			tag;
+	if (!uc) {
+		pthread_mutex_lock(&c->ord_lock);
+		u = unc_push(c, qp->sq_head, send ? K_SEND : K_WRITE,
+			     c->tx_msn[DDP_QN_SEND] + (imm && send));
+		u->stag = w->rkey;
+		u->to = w->remote_addr;
+		u->len = w->byte_len;
+		if (sig) {
+			tag = ++c->next_tag;
+			unc_push(c, qp->sq_head, K_FLUSH,
+				 c->tx_msn[DDP_QN_READ])->tag = tag;
+		}
+		pthread_mutex_unlock(&c->ord_lock);
 	}
-	pthread_mutex_unlock(&c->ord_lock);
 	if (send) {
 		if (imm) {
 			struct rdmap_imm im = {
@@ -354,10 +358,13 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 		 atomic_compare_exchange_strong(&c->tx_parked, &recv, TXP_NONE);
 	pthread_mutex_lock(&c->tx_lock);
 	conn_sync_timeout(c, qp);
-	if (rd)
+	if (rd) {
 		r = tx_read_atomic(c, qp, w, sp, n);
-	else
+	} else {
 		tx_send_write(c, qp, w, sp, n);
+		if (qp->ibqp.qp_type == IBV_QPT_UC)
+			r = URDMA_TX_DONE; /* sent: UC has no acknowledgements */
+	}
 	tx_unlock(c);
 	if (long_park || answer)
 		tx_unpark(c, long_park);
