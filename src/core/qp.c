@@ -479,6 +479,7 @@ static void reset_queues(struct urdma_qp *qp)
 	atomic_store(&s->rnr_waiter, 0);
 	atomic_store(&qp->peer_dead, false);
 	qp->peer_dead_ns = 0;
+	qp->uc_lost_ns = 0;
 }
 
 int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)

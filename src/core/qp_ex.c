@@ -366,6 +366,16 @@ struct ibv_qp *urdma_create_qp_ex(struct ibv_context *context,
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
+	/* UC has no Reads or atomics (mlx5 refuses them here too). */
+	if (ax->qp_type == IBV_QPT_UC &&
+	    (ax->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
+	    (ax->send_ops_flags & (IBV_QP_EX_WITH_RDMA_READ |
+				   IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+				   IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+				   IBV_QP_EX_WITH_SEND_WITH_INV))) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
 	ibqp = urdma_qp_create(context, tgt ? NULL : ax->pd, &init, xrcd);
 	if (!ibqp)
 		return NULL;

@@ -111,19 +111,23 @@ static bool sq_retry_exceeded(struct urdma_qp *qp, struct urdma_swqe *wqe,
 	if (!wqe->first_try_ns)
 		wqe->first_try_ns = now;
 	waited = now - wqe->first_try_ns;
-	if (qp->peer && urdma_peer_dead(qp->peer)) {
-		*status = IBV_WC_RETRY_EXC_ERR;
-		return true;
-	}
-	/* UC waits for no responder: a message that finds no way to it
-	 * for a while (its QP is not there yet, the stream is not up) goes
-	 * into the void, as a NIC's would, and completes. */
+	/* UC waits for no responder: once messages have found no way to it
+	 * for a while (its QP is not there yet or is gone, the stream is not
+	 * up), they go into the void, as a NIC's would, and complete; those
+	 * behind them at once, until one gets through (sq_run). */
 	if (qp->ibqp.qp_type == IBV_QPT_UC) {
-		if (waited < UC_GRACE_NS)
+		if (!qp->uc_lost_ns)
+			qp->uc_lost_ns = wqe->first_try_ns;
+		if (!(qp->peer && urdma_peer_dead(qp->peer)) &&
+		    now - qp->uc_lost_ns < UC_GRACE_NS)
 			return false;
 		urdma_dbg("qp %#x: wr %#llx dropped: no responder", qp->ibqp.qp_num,
 			  (unsigned long long)wqe->wr_id);
 		*status = IBV_WC_SUCCESS;
+		return true;
+	}
+	if (qp->peer && urdma_peer_dead(qp->peer)) {
+		*status = IBV_WC_RETRY_EXC_ERR;
 		return true;
 	}
 	if (r == URDMA_TX_RNR) {
@@ -247,6 +251,8 @@ static void sq_run(struct urdma_qp *qp)
 				     URDMA_TX_NOT_READY;
 		}
 		running_qp = NULL;
+		if (r == URDMA_TX_DONE || r == URDMA_TX_POSTED)
+			qp->uc_lost_ns = 0; /* (UC) a way to the responder */
 		if (r == URDMA_TX_POSTED) {
 			qp->sq_head++;
 			continue;
@@ -406,7 +412,8 @@ bool urdma_qp_maintain(struct urdma_qp *qp)
 		urdma_qp_set_error(qp, true);
 	} else if (atomic_load(&s->error_req)) {
 		urdma_qp_set_error(qp, false);
-	} else if (dead && !atomic_load(&qp->peer_dead)) {
+	} else if (dead && !atomic_load(&qp->peer_dead) &&
+		   qp->ibqp.qp_type != IBV_QPT_UC) { /* (UC never learns) */
 		uint64_t now = urdma_now_ns();
 
 		if (!qp->peer_dead_ns)

@@ -348,6 +348,7 @@ struct urdma_qp {
 	bool peer_stale; /* look for the record again */
 	uint32_t peer_prod, peer_done; /* its rq_prod as last read, our rq_done */
 	uint64_t peer_pause_ns, peer_retry_ns; /* shm_attach's back-off */
+	uint64_t uc_lost_ns; /* UC: since when no WR has found the responder */
 	_Atomic bool peer_dead;
 	uint64_t peer_dead_ns; /* when the progress thread saw it die */
 };

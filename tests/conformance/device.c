@@ -166,9 +166,38 @@ static void async_fd(void *arg)
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
 }
 
+/* The calls of issue 20's last items, each as documented: fork needs no
+ * preparation, the one P_Key's index, imports refused, no in-order
+ * placement promised. */
+static void misc_calls(void *arg)
+{
+	(void)arg;
+	struct t_opts o = t_opts_default();
+	struct t_res r;
+
+	CHECK(ibv_fork_init() == 0, "ibv_fork_init");
+	CHECK(ibv_is_fork_initialized() == IBV_FORK_UNNEEDED, "fork status %d",
+	      (int)ibv_is_fork_initialized());
+	t_res_open(&r, &o);
+	CHECK(ibv_get_pkey_index(r.ctx, 1, htobe16(0xffff)) == 0, "index of the default P_Key");
+	CHECK(ibv_get_pkey_index(r.ctx, 1, htobe16(0x1234)) < 0, "an unknown P_Key");
+	CHECK(ibv_get_pkey_index(r.ctx, 2, htobe16(0xffff)) < 0, "port 2");
+	errno = 0;
+	CHECK(!ibv_import_device(r.ctx->cmd_fd) && errno == EOPNOTSUPP, "import device: %d",
+	      errno);
+	errno = 0;
+	CHECK(!ibv_import_pd(r.ctx, 1) && errno == EOPNOTSUPP, "import PD: %d", errno);
+	errno = 0;
+	CHECK(!ibv_import_mr(r.pd, 1) && errno == EOPNOTSUPP, "import MR: %d", errno);
+	CHECK(ibv_query_qp_data_in_order(r.qp, IBV_WR_RDMA_WRITE, 0) == 0,
+	      "no in-order placement promised");
+	t_res_close(&r);
+}
+
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
+	t_case("misc_calls", misc_calls, NULL);
 	t_case("one_device", one_device, NULL);
 	t_case("device_attr", device_attr, NULL);
 	t_case("port_attr", port_attr, NULL);

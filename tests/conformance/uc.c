@@ -263,10 +263,125 @@ static void pair_receiver(struct t_peer *p, void *arg)
 	free(buf);
 }
 
+
+/* ---- Where no responder is ---- */
+
+/* UC QPs aimed at a QP that does not exist: the first WR waits a while
+ * for a way to it, then it and those behind it go into the void and
+ * complete (not one per second).  An RC QP aimed at a UC QP gets nowhere:
+ * its WR fails. */
+static void uc_no_responder(void *arg)
+{
+	(void)arg;
+	struct t_res r;
+	open_res(&r);
+	char *buf = t_alloc(4096);
+	struct ibv_mr *mr = t_reg(&r, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_qp *qp = uc_qp(&r), *other = uc_qp(&r);
+	struct t_conn nowhere;
+	struct ibv_wc wc;
+
+	r.qp = qp;
+	t_conn_local(&r, NULL, &nowhere);
+	nowhere.qpn = other->qp_num;
+	CHECK(ibv_destroy_qp(other) == 0, "destroy the target");
+	REQUIRE(uc_init(qp) == 0 && uc_rtr(&r, qp, &nowhere, 0) == 0 && uc_rts(qp, 1, 0) == 0,
+		"connect to nothing");
+	uint64_t t0 = t_now_ms();
+	for (int i = 0; i < 8; i++)
+		REQUIRE(t_post_send(qp, i, IBV_WR_SEND, buf, 64, mr->lkey, IBV_SEND_SIGNALED, 0,
+				    0) == 0, "post %d", i);
+	for (int i = 0; i < 8; i++)
+		CHECK(t_expect_wc(r.send_cq, &wc, i, IBV_WC_SUCCESS, IBV_WC_SEND, "into the void"),
+		      "wr %d", i);
+	uint64_t ms = t_now_ms() - t0;
+	CHECK(ms < 4000, "8 WRs to nowhere took %llu ms", (unsigned long long)ms);
+	CHECK(t_qp_state(qp) == IBV_QPS_RTS, "still RTS");
+	CHECK(ibv_destroy_qp(qp) == 0, "destroy");
+
+	/* RC to UC: not a pair. */
+	struct ibv_qp *uc = uc_qp(&r);
+	struct ibv_qp_init_attr ra = { .send_cq = r.send_cq, .recv_cq = r.recv_cq,
+				       .cap = { 4, 4, 1, 1, 0 }, .qp_type = IBV_QPT_RC };
+	struct ibv_qp *rc = ibv_create_qp(r.pd, &ra);
+	REQUIRE(rc, "RC QP");
+	struct t_conn to_uc, to_rc;
+	r.qp = uc;
+	t_conn_local(&r, NULL, &to_uc);
+	to_rc = to_uc;
+	to_rc.qpn = rc->qp_num;
+	REQUIRE(uc_init(uc) == 0 && uc_rtr(&r, uc, &to_rc, 0) == 0 && uc_rts(uc, 1, 0) == 0,
+		"UC side");
+	REQUIRE(t_post_recv(uc, 50, buf + 1024, 256, mr->lkey) == 0, "UC receive");
+	r.qp = rc;
+	r.opts.timeout = 8; /* about 1 ms a try */
+	r.opts.retry_cnt = 1;
+	to_uc.qpn = uc->qp_num;
+	REQUIRE(t_modify_init(&r) == 0 && t_modify_rtr(&r, &to_uc) == 0 && t_modify_rts(&r) == 0,
+		"RC side");
+	REQUIRE(t_post_send(rc, 60, IBV_WR_SEND, buf, 64, mr->lkey, IBV_SEND_SIGNALED, 0, 0) == 0,
+		"RC send");
+	CHECK(t_poll_one(r.send_cq, &wc, T_WAIT_MS, "the RC send") && wc.wr_id == 60 &&
+	      wc.status != IBV_WC_SUCCESS, "an RC send to a UC QP: %s",
+	      ibv_wc_status_str(wc.status));
+	r.qp = NULL;
+	CHECK(ibv_destroy_qp(rc) == 0 && ibv_destroy_qp(uc) == 0, "destroy");
+	t_res_close(&r);
+	free(buf);
+}
+
+/* The receiver's process dies: the sender's UC QP does not learn of it;
+ * its WRs complete (into the void) and it stays RTS. */
+static void dead_sender(struct t_peer *p, void *arg)
+{
+	(void)arg;
+	struct t_res r;
+	open_res(&r);
+	uint8_t *buf = t_alloc(4096);
+	struct ibv_mr *mr = t_reg(&r, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct t_conn rem;
+	struct ibv_qp *qp = uc_connect(p, &r, mr, &rem);
+	struct ibv_wc wc;
+
+	t_barrier(p);
+	t_peer_kill(p);
+	for (int i = 0; i < 4; i++) {
+		REQUIRE(t_post_send(qp, i, IBV_WR_SEND, buf, 64, mr->lkey, IBV_SEND_SIGNALED, 0,
+				    0) == 0, "post %d", i);
+		CHECK(t_expect_wc(r.send_cq, &wc, i, IBV_WC_SUCCESS, IBV_WC_SEND, "send"),
+		      "wr %d after the peer died", i);
+	}
+	t_sleep_ms(1500); /* past any loss grace */
+	CHECK(t_qp_state(qp) == IBV_QPS_RTS, "still RTS: %d", t_qp_state(qp));
+	struct ibv_async_event ev;
+	CHECK(!t_fd_readable(r.ctx->async_fd, 0) ||
+	      (ibv_get_async_event(r.ctx, &ev) == 0 &&
+	       (ibv_ack_async_event(&ev), ev.event_type != IBV_EVENT_QP_FATAL)),
+	      "no QP_FATAL");
+	t_res_close(&r);
+	free(buf);
+}
+
+static void dead_receiver(struct t_peer *p, void *arg)
+{
+	(void)arg;
+	struct t_res r;
+	open_res(&r);
+	uint8_t *buf = t_alloc(4096);
+	struct ibv_mr *mr = t_reg(&r, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct t_conn rem;
+
+	uc_connect(p, &r, mr, &rem);
+	t_barrier(p);
+	t_sleep_ms(T_WAIT_MS); /* killed */
+}
+
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
 	t_case("uc_rules", uc_rules, NULL);
 	t_pair("uc_data_and_drops", pair_sender, pair_receiver, NULL);
+	t_case("uc_no_responder", uc_no_responder, NULL);
+	t_pair("uc_peer_dies", dead_sender, dead_receiver, NULL);
 	return t_finish();
 }

@@ -99,8 +99,9 @@ static int shm_attach(struct urdma_qp *qp, int wait_ms)
 	qp->peer_xrcd = READ_ONCE(h->qp_type) == IBV_QPT_XRC_RECV ?
 				READ_ONCE(h->xrcd_id) :
 				0;
-	if ((qp->ibqp.qp_type == IBV_QPT_XRC_SEND) != (qp->peer_xrcd != 0))
-		goto err;
+	if ((qp->ibqp.qp_type == IBV_QPT_XRC_SEND) != (qp->peer_xrcd != 0) ||
+	    (!qp->peer_xrcd && READ_ONCE(h->qp_type) != qp->ibqp.qp_type))
+		goto err; /* RC talks to RC, UC to UC */
 	ret = qp->peer_xrcd ? 0 : srq_attach(qp, h);
 	if (ret)
 		goto err;
@@ -329,8 +330,10 @@ static int take_ring(struct urdma_qp *qp, struct rcv *r)
 		return -1;
 	}
 	if (done == prod) {
-		/* RNR: ask for a wake-up, then look once more. */
-		atomic_store(&t->rnr_waiter, 1);
+		/* RNR: ask for a wake-up, then look once more (UC waits for
+		 * nothing: it drops). */
+		if (qp->ibqp.qp_type != IBV_QPT_UC)
+			atomic_store(&t->rnr_waiter, 1);
 		atomic_thread_fence(memory_order_seq_cst);
 		prod = qp->peer_prod = atomic_load_explicit(
 			&t->rq_prod, memory_order_acquire);
@@ -399,11 +402,13 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 
 	urdma_rq_busy(t);
 	if (!responder_ready(qp)) {
-		urdma_rq_idle(t);
-		if (uc)
+		if (uc) {
+			urdma_rq_idle(t);
 			return uc_drop(qp, w, "the responder is not ready",
 				       status);
+		}
 		atomic_store(&t->rnr_waiter, 1);
+		urdma_rq_idle(t);
 		return URDMA_TX_NOT_READY;
 	}
 	/* What is refused takes no receive WR: a Write's rkey, the key of a

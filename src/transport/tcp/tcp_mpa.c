@@ -111,7 +111,10 @@ static int read_mpa(struct tcp_conn *c, const char *key, struct mpa_frame *f,
  * it only acts when the budget changed.  Under tx_lock or T.lock. */
 void conn_sync_timeout(struct tcp_conn *c, struct urdma_qp *qp)
 {
-	uint64_t ns = urdma_qp_retry_ns(qp);
+	/* UC has no timeout attribute; a send must not wait for ever on a
+	 * peer that stopped reading (its messages are then dropped). */
+	uint64_t ns = qp->ibqp.qp_type == IBV_QPT_UC ? 2000000000ull :
+						      urdma_qp_retry_ns(qp);
 	unsigned ms = ns && ns < 1000000 ? 1 : (unsigned)(ns / 1000000);
 
 	if (c->timeout_ms == ms + 1)

@@ -209,8 +209,10 @@ int rx_send(struct tcp_conn *c, const struct iwarp_msg *m, uint32_t *term)
 		goto out;
 	}
 	/* An XRC send QP receives nothing; an XRC target's Sends name their
-	 * SRQ in the field a Send with Invalidate would use. */
-	if (qp->ibqp.qp_type == IBV_QPT_XRC_SEND || (inv && qp->xrcd)) {
+	 * SRQ in the field a Send with Invalidate would use; UC has no Send
+	 * with Invalidate. */
+	if (qp->ibqp.qp_type == IBV_QPT_XRC_SEND ||
+	    (inv && (qp->xrcd || qp->ibqp.qp_type == IBV_QPT_UC))) {
 		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
 				  TERM_RDMAP_EC_OPCODE, TERM_HDRCT_D);
 		r = RX_ERR;
@@ -270,8 +272,10 @@ int rx_send(struct tcp_conn *c, const struct iwarp_msg *m, uint32_t *term)
 			rcv_complete(c, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0,
 				     0, 0);
 		r = uc_drop_send(c, m, "longer than the receive");
-		if (srq)
+		if (srq) {
+			solicited = true; /* an error completion: notified */
 			goto out_done;
+		}
 		goto out;
 	}
 	if (c->rcv_got + m->len > c->rcv_room) {
@@ -338,8 +342,9 @@ int rx_imm(struct tcp_conn *c, const struct iwarp_msg *m, uint32_t *term)
 				  TERM_RDMAP_EC_OPCODE, TERM_HDRCT_D);
 		return RX_ERR;
 	}
-	/* Not inside a Send still being placed: its receive is claimed. */
-	if (c->rcv_active) {
+	/* Not inside a Send still being placed (or dropped): its receive
+	 * is claimed. */
+	if (c->rcv_active || c->rx_dropping) {
 		*term = term_ctrl(TERM_LAYER_DDP, TERM_DDP_ET_UNTAGGED,
 				  TERM_DDP_EC_U_INV_MSN, TERM_HDRCT_D);
 		return RX_ERR;

@@ -329,7 +329,7 @@ static int rx_write(struct tcp_conn *c, const struct iwarp_msg *m,
 		c->last_write_dropped = c->write_dropped;
 		c->write_len = 0;
 		c->write_dropped = false;
-		c->rx_writes++;
+		c->rx_writes += !c->last_write_dropped;
 		c->rx_uc_drops += c->last_write_dropped;
 	}
 	return RX_OK;
@@ -558,7 +558,10 @@ static void rx_terminate(struct tcp_conn *c, const struct iwarp_msg *m)
 			   unc_find_hdr(c, m->payload + 6, m->len - 6) :
 			   c->unc_head,
 		   term_status(ctrl));
-	qp_error_async(c);
+	/* UC: the requester hears nothing of the responder's errors; what
+	 * it sends from now on is dropped (tcp_execute). */
+	if (c->qp && c->qp->ibqp.qp_type != IBV_QPT_UC)
+		qp_error_async(c);
 }
 
 static int rx_msg(struct tcp_conn *c, const struct iwarp_msg *m,

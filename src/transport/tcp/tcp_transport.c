@@ -325,6 +325,11 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	bool long_park, answer;
 	int n = 0;
 
+	if (c && atomic_load(&c->dead) && qp->ibqp.qp_type == IBV_QPT_UC) {
+		/* UC: sent into the void, as with no responder at all. */
+		*status = IBV_WC_SUCCESS;
+		return URDMA_TX_DONE;
+	}
 	if (c && atomic_load(&c->dead)) {
 		bool unconfirmed;
 
@@ -505,7 +510,8 @@ bool tcp_maintain(struct urdma_qp *qp)
 				if (c->unc_head != c->unc_tail)
 					unc_settle(c, c->unc_head,
 						   IBV_WC_RETRY_EXC_ERR);
-				fail = true;
+				/* (UC never learns of it: it drops) */
+				fail = qp->ibqp.qp_type != IBV_QPT_UC;
 			} else {
 				urdma_progress_by(due);
 				again = true;
