@@ -228,6 +228,29 @@ static void addrinfo(void *arg)
 	/* A name that resolves without the flag: the flag must refuse it. */
 	CHECK(rdma_getaddrinfo("localhost", "1", &hints, &res) != 0,
 	      "a name with RAI_NUMERICHOST resolved");
+
+	/* No node or service: the addresses of the hints (libfabric's
+	 * verbs provider asks so), a destination and a source. */
+	struct sockaddr_in dst = test_addr(7471), src = test_addr(0);
+	struct rdma_addrinfo h2 = { .ai_family = AF_INET, .ai_port_space = RDMA_PS_TCP,
+				    .ai_qp_type = IBV_QPT_RC,
+				    .ai_dst_addr = (struct sockaddr *)&dst,
+				    .ai_dst_len = sizeof(dst),
+				    .ai_src_addr = (struct sockaddr *)&src,
+				    .ai_src_len = sizeof(src) };
+	REQUIRE(rdma_getaddrinfo(NULL, NULL, &h2, &res) == 0, "getaddrinfo from the hints");
+	CHECK(res->ai_dst_addr && res->ai_dst_len == sizeof(dst) &&
+	      !memcmp(res->ai_dst_addr, &dst, sizeof(dst)) && res->ai_src_addr &&
+	      res->ai_src_len == sizeof(src) && res->ai_family == AF_INET &&
+	      res->ai_qp_type == IBV_QPT_RC, "the hints' addresses");
+	rdma_freeaddrinfo(res);
+	h2.ai_dst_len = 2; /* not an address */
+	errno = 0;
+	CHECK(rdma_getaddrinfo(NULL, NULL, &h2, &res) == -1 && errno == EAFNOSUPPORT,
+	      "a short address: errno %d", errno);
+	errno = 0;
+	CHECK(rdma_getaddrinfo(NULL, NULL, NULL, &res) == -1 && errno == EINVAL,
+	      "nothing at all: errno %d", errno);
 }
 
 static void bind_and_ports(void *arg)
