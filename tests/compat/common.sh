@@ -127,7 +127,14 @@ budget_left() {
 
 # show_log FILE: print the tail of a log, indented.
 show_log() {
-    local f=$1 label=${2:-$1}
+    local f=$1 label=${2:-$1} n
+    n=$(wc -l <"$f" 2>/dev/null || echo 0)
+    # A program's stderr comes before its buffered stdout: what it said
+    # when it failed is often at the top of a long log.
+    if [ "$n" -gt 35 ]; then
+        log "  --- $label (first 10 lines) ---"
+        head -n 10 "$f" | sed 's/^/  | /'
+    fi
     log "  --- $label (last 25 lines) ---"
     tail -n 25 "$f" 2>/dev/null | sed 's/^/  | /'
 }
