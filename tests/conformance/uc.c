@@ -332,15 +332,25 @@ static void uc_no_responder(void *arg)
 
 /* The receiver's process dies: the sender's UC QP does not learn of it;
  * its WRs complete (into the void) and it stays RTS. */
+/* Either side of uc_peer_dies: a connected UC QP and a 4 KiB buffer. */
+static struct ibv_qp *dies_side(struct t_peer *p, struct t_res *r, uint8_t **buf,
+				struct ibv_mr **mr)
+{
+	struct t_conn rem;
+
+	open_res(r);
+	*buf = t_alloc(4096);
+	*mr = t_reg(r, *buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	return uc_connect(p, r, *mr, &rem);
+}
+
 static void dead_sender(struct t_peer *p, void *arg)
 {
 	(void)arg;
 	struct t_res r;
-	open_res(&r);
-	uint8_t *buf = t_alloc(4096);
-	struct ibv_mr *mr = t_reg(&r, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
-	struct t_conn rem;
-	struct ibv_qp *qp = uc_connect(p, &r, mr, &rem);
+	uint8_t *buf;
+	struct ibv_mr *mr;
+	struct ibv_qp *qp = dies_side(p, &r, &buf, &mr);
 	struct ibv_wc wc;
 
 	t_barrier(p);
@@ -366,12 +376,10 @@ static void dead_receiver(struct t_peer *p, void *arg)
 {
 	(void)arg;
 	struct t_res r;
-	open_res(&r);
-	uint8_t *buf = t_alloc(4096);
-	struct ibv_mr *mr = t_reg(&r, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
-	struct t_conn rem;
+	uint8_t *buf;
+	struct ibv_mr *mr;
 
-	uc_connect(p, &r, mr, &rem);
+	dies_side(p, &r, &buf, &mr);
 	t_barrier(p);
 	t_sleep_ms(T_WAIT_MS); /* killed */
 }

@@ -484,15 +484,24 @@ struct srq_info {
 /* The parent has the send and target QPs; its Sends name the child's SRQ,
  * in the same domain (the file), so the target's process places into the
  * child's memory; then a Write into the child's MR through the target. */
+/* Either side: resources without a QP, and the domain's file open. */
+static int pair_side(struct t_res *r)
+{
+	struct t_opts o = t_opts_default();
+	int fd;
+
+	o.create_qp = false;
+	t_res_open(r, &o);
+	fd = open(pair_path, O_RDONLY);
+	REQUIRE(fd >= 0, "open %s", pair_path);
+	return fd;
+}
+
 static void pair_parent(struct t_peer *p, void *arg)
 {
 	(void)arg;
-	struct t_opts o = t_opts_default();
-	o.create_qp = false;
 	struct t_res r;
-	t_res_open(&r, &o);
-	int fd = open(pair_path, O_RDONLY);
-	REQUIRE(fd >= 0, "open %s", pair_path);
+	int fd = pair_side(&r);
 	struct ibv_xrcd *x = open_xrcd(r.ctx, fd, O_CREAT);
 	REQUIRE(x, "domain: %s", strerror(errno));
 	t_barrier(p); /* the child opens it too */
@@ -532,12 +541,8 @@ static void pair_parent(struct t_peer *p, void *arg)
 static void pair_child(struct t_peer *p, void *arg)
 {
 	(void)arg;
-	struct t_opts o = t_opts_default();
-	o.create_qp = false;
 	struct t_res r;
-	t_res_open(&r, &o);
-	int fd = open(pair_path, O_RDONLY);
-	REQUIRE(fd >= 0, "open %s", pair_path);
+	int fd = pair_side(&r);
 	t_barrier(p);
 	struct ibv_xrcd *x = open_xrcd(r.ctx, fd, 0); /* the parent's: it exists */
 	REQUIRE(x, "the parent's domain without O_CREAT: %s", strerror(errno));
