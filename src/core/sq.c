@@ -126,7 +126,12 @@ static bool sq_retry_exceeded(struct urdma_qp *qp, struct urdma_swqe *wqe,
 		*status = IBV_WC_SUCCESS;
 		return true;
 	}
+	/* A dead peer: the WR fails once the retry budget has passed, as a
+	 * NIC's retries run out (tcp_execute does the same for a lost
+	 * stream). */
 	if (qp->peer && urdma_peer_dead(qp->peer)) {
+		if (waited < urdma_qp_loss_grace_ns(qp))
+			return false;
 		*status = IBV_WC_RETRY_EXC_ERR;
 		return true;
 	}
@@ -386,8 +391,9 @@ void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event)
  * retry_cnt + 1 tries; 1 s when timeout is 0 = infinite).  A peer that
  * exits normally right after its last message must not flush receives
  * whose completions the application has yet to poll.  A send WR that meets
- * the dead peer meanwhile fails at once with RETRY_EXC_ERR (the engine's
- * sq_retry_exceeded), and the ones behind it are flushed.
+ * the dead peer fails with RETRY_EXC_ERR once it has waited as long (the
+ * engine's sq_retry_exceeded; tcp_execute for a lost stream), and the
+ * ones behind it are flushed.
  */
 uint64_t urdma_qp_loss_grace_ns(struct urdma_qp *qp)
 {

@@ -131,7 +131,7 @@ show_log() {
     n=$(wc -l <"$f" 2>/dev/null || echo 0)
     # A program's stderr comes before its buffered stdout: what it said
     # when it failed is often at the top of a long log.
-    if [ "$n" -gt 35 ]; then
+    if [ "$n" -gt 25 ]; then
         log "  --- $label (first 10 lines) ---"
         head -n 10 "$f" | sed 's/^/  | /'
     fi

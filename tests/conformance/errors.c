@@ -430,6 +430,12 @@ static void killed_parent(struct t_peer *p, void *arg)
 	if (!in_flight) {
 		CHECK(got == 0 || first_err == 0, "a WR posted after the peer was killed completed "
 		      "with SUCCESS (wr_id %llu)", (unsigned long long)wc[0].wr_id);
+		/* As a NIC's: it fails once the retry budget (timeout 14,
+		 * retry_cnt 7: 537 ms) has passed, not at once, which leaves
+		 * a program whose peer exited right after its last message
+		 * the time to finish (ibv_srq_pingpong's client). */
+		CHECK(first_err < 0 || ms >= 400, "the first error came %lu ms after the kill, "
+		      "before the retry budget of 537 ms", ms);
 	} else {
 		CHECK(got == 0 || first_err == 0, "a SEND stalled on RNR completed with SUCCESS after "
 		      "the peer was killed (wr_id %llu)", (unsigned long long)wc[0].wr_id);

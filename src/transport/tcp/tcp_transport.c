@@ -339,9 +339,22 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 		/* Once an error has been reported on this stream the QP is on
 		 * its way to ERR: later WRs are flushed.  With messages still
 		 * unconfirmed, tcp_maintain fails the first of them: wait for
-		 * it.  Otherwise this WR is the first to find the peer gone. */
+		 * it.  Otherwise this WR is the first to find the peer gone:
+		 * it fails once the retry budget has passed since, as a NIC's
+		 * retries run out; not at once, for a peer that exits right
+		 * after the messages it needed (ibv_srq_pingpong's server
+		 * does) leaves the time to finish that a NIC's retries give
+		 * (net_rc_pingpong "srq" failed that way now and then). */
 		if (!c->dead_handled && unconfirmed)
 			return URDMA_TX_WAIT;
+		if (!c->dead_handled) {
+			uint64_t due = c->dead_ns + urdma_qp_loss_grace_ns(qp);
+
+			if (urdma_now_ns() < due) {
+				urdma_progress_by(due);
+				return URDMA_TX_WAIT;
+			}
+		}
 		*status = c->dead_handled ? IBV_WC_WR_FLUSH_ERR :
 					    IBV_WC_RETRY_EXC_ERR;
 		return URDMA_TX_DONE;
