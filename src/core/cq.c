@@ -476,16 +476,26 @@ static int cq_take_poller(struct urdma_qp *qp,
  * pollers.  Under cq->lock.  Returns how many. */
 static int cq_take_pollers(struct urdma_cq *cq,
 			   const struct urdma_transport_ops **trs,
-			   struct urdma_qp **qps)
+			   struct urdma_qp **qps, bool *xrc)
 {
+	struct urdma_srq *srq;
 	struct urdma_qp *qp;
-	int n = 0;
+	int n = 0, m;
 
 	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
 		n = cq_take_poller(qp, trs, qps, n);
 	list_for_each_entry(qp, &cq->send_qps, scq_node)
 		if (qp->rcq != cq)
 			n = cq_take_poller(qp, trs, qps, n);
+	/* The targets that feed the CQ's XRC SRQs: what they receive goes
+	 * to an SRQ, to be drained again (urdma_cq_poll). */
+	m = n;
+	if (atomic_load_explicit(&urdma_xrc_polled, memory_order_relaxed))
+		list_for_each_entry(srq, &cq->xrc_srqs, cq_node)
+			n = urdma_xrc_take_pollers(to_uctx(cq->ibcq.context),
+						   srq->xrcd->id, trs, qps, n,
+						   CQ_POLLERS);
+	*xrc = n > m;
 	return n;
 }
 
@@ -591,6 +601,7 @@ int urdma_cq_poll(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 {
 	const struct urdma_transport_ops *trs[CQ_POLLERS];
 	struct urdma_qp *qps[CQ_POLLERS];
+	bool xrc = false;
 	int n, np = 0;
 
 	if (atomic_load_explicit(&cq->sq_pending, memory_order_relaxed))
@@ -602,8 +613,10 @@ int urdma_cq_poll(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 	pthread_mutex_lock(&cq->lock);
 	n = cq_take(cq, num, wc, ts);
 	if (n < num &&
-	    atomic_load_explicit(&cq->polled_qps, memory_order_relaxed))
-		np = cq_take_pollers(cq, trs, qps);
+	    (atomic_load_explicit(&cq->polled_qps, memory_order_relaxed) ||
+	     (!list_empty(&cq->xrc_srqs) &&
+	      atomic_load_explicit(&urdma_xrc_polled, memory_order_relaxed))))
+		np = cq_take_pollers(cq, trs, qps, &xrc);
 	pthread_mutex_unlock(&cq->lock);
 	if (!np)
 		return n;
@@ -614,6 +627,8 @@ int urdma_cq_poll(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 		trs[i]->poll(qps[i]);
 		atomic_fetch_sub(&qps[i]->pollers, 1);
 	}
+	if (xrc)
+		cq_drain_srqs(cq);
 	pthread_mutex_lock(&cq->lock);
 	n += cq_take(cq, num - n, wc + n, ts ? ts + n : NULL);
 	pthread_mutex_unlock(&cq->lock);

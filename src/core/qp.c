@@ -260,6 +260,8 @@ static void qp_count_polled(struct urdma_qp *qp, int d)
 		return;
 	atomic_fetch_add(&qp->scq->polled_qps, d);
 	atomic_fetch_add(&qp->rcq->polled_qps, d);
+	if (qp->xrcd) /* and its SRQs' CQs (urdma_xrc_take_pollers) */
+		atomic_fetch_add(&urdma_xrc_polled, d);
 }
 
 /*
@@ -281,6 +283,9 @@ static void qp_disconnect(struct urdma_qp *qp)
 	pthread_mutex_unlock(&scq->lock);
 	pthread_mutex_lock(&rcq->lock);
 	pthread_mutex_unlock(&rcq->lock);
+	/* (and for a target's, whose pollers are counted in without these
+	 * locks: tr cleared before pollers is read) */
+	atomic_thread_fence(memory_order_seq_cst);
 	while (atomic_load(&qp->pollers))
 		sched_yield();
 	tr->disconnect(qp);

@@ -591,6 +591,15 @@ bool urdma_xsrq_teardown(struct urdma_srq *srq);
 int urdma_xsrq_pds(uint64_t xrcd_id, const struct urdma_context *uctx,
 		   uint32_t *pds, int max);
 void urdma_xrc_tgt_add(struct urdma_qp *qp);
+/* ibv_poll_cq on a CQ with XRC SRQs drives the streams of the targets of
+ * their domains in its context (TCP): taken as cq.c takes its QPs'
+ * (counted in qp->pollers), from n up to max.  urdma_xrc_polled: how
+ * many targets have such a transport. */
+extern _Atomic int urdma_xrc_polled;
+struct urdma_transport_ops;
+int urdma_xrc_take_pollers(const struct urdma_context *uctx, uint64_t xrcd_id,
+			   const struct urdma_transport_ops **trs,
+			   struct urdma_qp **qps, int n, int max);
 struct ibv_qp *urdma_open_qp(struct ibv_context *context,
 			     struct ibv_qp_open_attr *attr);
 struct urdma_qp *urdma_xrc_handle_put(struct urdma_qp *h);

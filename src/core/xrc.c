@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "core/urdma.h"
+#include "transport/transport.h"
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/log.h"
@@ -295,6 +296,43 @@ int urdma_xsrq_pds(uint64_t xrcd_id, const struct urdma_context *uctx,
 }
 
 /* ---- target QPs and their handles ---- */
+
+/* Targets whose transport receives in ibv_poll_cq (TCP): any at all? */
+_Atomic int urdma_xrc_polled;
+
+int urdma_xrc_take_pollers(const struct urdma_context *uctx, uint64_t xrcd_id,
+			   const struct urdma_transport_ops **trs,
+			   struct urdma_qp **qps, int n, int max)
+{
+	struct urdma_qp *qp;
+
+	pthread_mutex_lock(&xrc_lock);
+	list_for_each_entry(qp, &tgt_qps, xrc_node) {
+		const struct urdma_transport_ops *tr;
+		int i;
+
+		if (n >= max)
+			break;
+		if (qp->uctx != uctx || qp->xrcd->id != xrcd_id)
+			continue;
+		tr = __atomic_load_n(&qp->tr, __ATOMIC_RELAXED);
+		for (i = 0; i < n && qps[i] != qp; i++)
+			;
+		if (!tr || !tr->poll || i < n)
+			continue;
+		/* Dekker with qp_disconnect, which clears tr, then waits for
+		 * the pollers: counted in, then tr looked at again. */
+		atomic_fetch_add(&qp->pollers, 1);
+		if (__atomic_load_n(&qp->tr, __ATOMIC_SEQ_CST) != tr) {
+			atomic_fetch_sub(&qp->pollers, 1);
+			continue;
+		}
+		trs[n] = tr;
+		qps[n++] = qp;
+	}
+	pthread_mutex_unlock(&xrc_lock);
+	return n;
+}
 
 void urdma_xrc_tgt_add(struct urdma_qp *qp)
 {

@@ -429,13 +429,16 @@ static int rx_read_req(struct tcp_conn *c, const struct iwarp_msg *m,
 	 * call to the connection manager (tcp_release) or its time (the
 	 * receive pass's hold, rx_locked), so that the application sees the
 	 * message before we make a system call for it.  Data goes now. */
-	if (rsp_push(c, &rsp, rr->size ? 0 : c->rx_hold_ns)) {
+	/* (An XRC target sends nothing of its own: the answer goes now.) */
+	bool now = rr->size || (c->qp && c->qp->xrcd);
+
+	if (rsp_push(c, &rsp, now ? 0 : c->rx_hold_ns)) {
 		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
 				  TERM_RDMAP_EC_UNSPEC,
 				  TERM_HDRCT_D | TERM_HDRCT_R);
 		return RX_ERR;
 	}
-	if (rr->size)
+	if (now)
 		rsp_send(c);
 	return RX_OK;
 }
