@@ -369,6 +369,12 @@ int urdma_destroy_cq(struct ibv_cq *ibcq)
 void urdma_cq_push(struct urdma_cq *cq, const struct ibv_wc *wc,
 		   struct urdma_qp *qp, uint32_t retire)
 {
+	urdma_cq_push_as(cq, wc, qp, retire, true);
+}
+
+void urdma_cq_push_as(struct urdma_cq *cq, const struct ibv_wc *wc,
+		      struct urdma_qp *qp, uint32_t retire, bool fire)
+{
 	struct urdma_cqe *e;
 
 	pthread_mutex_lock(&cq->lock);
@@ -391,8 +397,8 @@ void urdma_cq_push(struct urdma_cq *cq, const struct ibv_wc *wc,
 	cq->tail++;
 	/* Local completions are never solicited receives; errors always
 	 * notify, as the spec asks. */
-	if (cq->armed == URDMA_NOTIFY_ANY ||
-	    (cq->armed && wc->status != IBV_WC_SUCCESS))
+	if (fire && (cq->armed == URDMA_NOTIFY_ANY ||
+		     (cq->armed && wc->status != IBV_WC_SUCCESS)))
 		cq_fire_locked_why(cq, wc->status != IBV_WC_SUCCESS);
 	pthread_mutex_unlock(&cq->lock);
 }

@@ -368,7 +368,8 @@ static void srq_take_xrc(struct urdma_srq *srq, struct urdma_shm_rqe *e,
 	wc.wr_id = pw->wr_id;
 	wc.qp_num = READ_ONCE(e->srq_qpn);
 	wc.src_qp = READ_ONCE(e->src_qp);
-	urdma_cq_push(srq->cq, &wc, NULL, 0);
+	/* (no event here: the deliverer's notify brings it, as below) */
+	urdma_cq_push_as(srq->cq, &wc, NULL, 0, false);
 	srq->poll++;
 	__atomic_store_n(&srq->stuck_ns, 0, __ATOMIC_RELAXED);
 }
@@ -436,7 +437,10 @@ void urdma_srq_drain(struct urdma_srq *srq)
 		wc.qp_num = qp->ibqp.qp_num;
 		wc.src_qp = qp->attr.dest_qp_num;
 		urdma_rq_invalidate(qp, e, &wc);
-		urdma_cq_push(qp->rcq, &wc, qp, 0);
+		/* The event, if armed, came from the deliverer's notify
+		 * (whoever drains: this may be the application's poll, after
+		 * it armed again for the next one). */
+		urdma_cq_push_as(qp->rcq, &wc, qp, 0, false);
 		srq->poll++;
 		__atomic_store_n(&srq->stuck_ns, 0, __ATOMIC_RELAXED);
 	}

@@ -548,6 +548,10 @@ void urdma_mrs_check(struct urdma_context *uctx);
 /* cq.c */
 void urdma_cq_push(struct urdma_cq *cq, const struct ibv_wc *wc,
 		   struct urdma_qp *qp, uint32_t retire);
+/* The same; fire: whether an armed CQ fires for it here (an SRQ's
+ * completion does not: its deliverer notified the CQ already). */
+void urdma_cq_push_as(struct urdma_cq *cq, const struct ibv_wc *wc,
+		      struct urdma_qp *qp, uint32_t retire, bool fire);
 void urdma_cq_notify(struct urdma_cq *cq);
 int urdma_modify_cq(struct ibv_cq *cq, struct ibv_modify_cq_attr *attr);
 void urdma_cq_moderation_due(struct urdma_cq *cq, uint64_t now);

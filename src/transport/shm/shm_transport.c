@@ -48,6 +48,14 @@ static int srq_attach(struct urdma_qp *qp, const struct urdma_shm_qp *h)
 	return 0;
 }
 
+/* The kind of QP a QP of kind t talks to. */
+static uint32_t peer_kind(enum ibv_qp_type t)
+{
+	return t == IBV_QPT_XRC_SEND ? IBV_QPT_XRC_RECV :
+	       t == IBV_QPT_XRC_RECV ? IBV_QPT_XRC_SEND :
+				       t;
+}
+
 /* Find and check the peer QP: its record (of our own user's), its context
  * (connected, the hello taken), its shared block (checked, the geometry
  * copied).  0: attached; -EAGAIN: its context has not answered yet;
@@ -99,9 +107,9 @@ static int shm_attach(struct urdma_qp *qp, int wait_ms)
 	qp->peer_xrcd = READ_ONCE(h->qp_type) == IBV_QPT_XRC_RECV ?
 				READ_ONCE(h->xrcd_id) :
 				0;
-	if ((qp->ibqp.qp_type == IBV_QPT_XRC_SEND) != (qp->peer_xrcd != 0) ||
-	    (!qp->peer_xrcd && READ_ONCE(h->qp_type) != qp->ibqp.qp_type))
-		goto err; /* RC talks to RC, UC to UC */
+	if (READ_ONCE(h->qp_type) != peer_kind(qp->ibqp.qp_type) ||
+	    (qp->ibqp.qp_type == IBV_QPT_XRC_SEND && !qp->peer_xrcd))
+		goto err; /* RC talks to RC, UC to UC, XRC send to target */
 	ret = qp->peer_xrcd ? 0 : srq_attach(qp, h);
 	if (ret)
 		goto err;
@@ -490,6 +498,8 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 		return URDMA_TX_DONE;
 	}
 	if (rx_status != IBV_WC_SUCCESS) {
+		if (qp->peer_xrcd) /* the SRQ's CQ: errors always notify */
+			responder_notify(qp, true);
 		responder_error(qp);
 		return URDMA_TX_DONE;
 	}
