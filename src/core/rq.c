@@ -191,15 +191,14 @@ int urdma_rqe_take(const struct urdma_shm_rqe *e, uint64_t posted_len,
 
 	if (status > IBV_WC_TM_RNDV_INCOMPLETE ||
 	    (opcode != IBV_WC_RECV && opcode != IBV_WC_RECV_RDMA_WITH_IMM) ||
-	    (flags & ~(unsigned)(IBV_WC_WITH_IMM | IBV_WC_WITH_INV |
-				 URDMA_RQE_F_INV_DONE)) ||
+	    (flags & ~(unsigned)(IBV_WC_WITH_IMM | IBV_WC_WITH_INV)) ||
 	    (status == IBV_WC_SUCCESS && opcode == IBV_WC_RECV &&
 	     len > posted_len))
 		return -1;
 	w->status = status;
 	w->opcode = opcode;
 	w->byte_len = len;
-	w->wc_flags = flags & ~URDMA_RQE_F_INV_DONE;
+	w->wc_flags = flags;
 	if (flags & (IBV_WC_WITH_IMM | IBV_WC_WITH_INV))
 		w->imm_data = READ_ONCE(e->imm_data); /* or invalidated_rkey */
 	return 0;
@@ -208,11 +207,11 @@ int urdma_rqe_take(const struct urdma_shm_rqe *e, uint64_t posted_len,
 /* A received Send with Invalidate: its window is invalidated before the
  * program sees the completion; a key that names no window of the QP makes
  * it a protection error (the deliverer could not check our windows). */
-void urdma_rq_invalidate(struct urdma_qp *qp, const struct urdma_shm_rqe *e,
+void urdma_rq_invalidate(struct urdma_qp *qp, const struct urdma_rq_wr *pw,
 			 struct ibv_wc *w)
 {
 	if (w->status != IBV_WC_SUCCESS || !(w->wc_flags & IBV_WC_WITH_INV) ||
-	    (READ_ONCE(e->wc_flags) & URDMA_RQE_F_INV_DONE))
+	    pw->inv_done)
 		return;
 	if (!urdma_mw_remote_invalidate(qp, w->invalidated_rkey, false)) {
 		/* The QP goes to error too, as over TCP (a Terminate): the
@@ -270,7 +269,7 @@ int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
 		w->wr_id = pw->wr_id;
 		w->qp_num = qp->ibqp.qp_num;
 		w->src_qp = qp->attr.dest_qp_num;
-		urdma_rq_invalidate(qp, urdma_rq_entry(qp, poll), w);
+		urdma_rq_invalidate(qp, pw, w);
 		poll++;
 		n++;
 	}

@@ -158,11 +158,6 @@ struct urdma_shm_rqe {
 };
 static_assert(sizeof(struct urdma_shm_rqe) == 40, "rqe header");
 
-/* In a receive entry's wc_flags, beside IBV_WC_WITH_IMM and _WITH_INV: the
- * deliverer was the owner's own receive path (TCP) and has invalidated
- * the window already; a peer's Send with Invalidate leaves it to the
- * owner (rq.c). */
-#define URDMA_RQE_F_INV_DONE (1u << 31)
 
 enum {
 	URDMA_NOTIFY_NONE = 0,

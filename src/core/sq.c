@@ -256,7 +256,7 @@ static void sq_run(struct urdma_qp *qp)
 				     URDMA_TX_NOT_READY;
 		}
 		running_qp = NULL;
-		if (r == URDMA_TX_DONE || r == URDMA_TX_POSTED)
+		if (qp->uc_lost_ns && (r == URDMA_TX_DONE || r == URDMA_TX_POSTED))
 			qp->uc_lost_ns = 0; /* (UC) a way to the responder */
 		if (r == URDMA_TX_POSTED) {
 			qp->sq_head++;

@@ -312,6 +312,7 @@ static void srq_repost(struct urdma_srq *srq, uint32_t idx)
 	to->status = IBV_WC_SUCCESS;
 	srq->rq_wr[srq->prod & (srq->rq.size - 1)] =
 		srq->rq_wr[idx & (srq->rq.size - 1)];
+	srq->rq_wr[srq->prod & (srq->rq.size - 1)].inv_done = false;
 	srq->prod++;
 	atomic_store_explicit(&srq->shm->prod, srq->prod, memory_order_release);
 }
@@ -436,7 +437,7 @@ void urdma_srq_drain(struct urdma_srq *srq)
 		wc.wr_id = pw->wr_id;
 		wc.qp_num = qp->ibqp.qp_num;
 		wc.src_qp = qp->attr.dest_qp_num;
-		urdma_rq_invalidate(qp, e, &wc);
+		urdma_rq_invalidate(qp, pw, &wc);
 		/* The event, if armed, came from the deliverer's notify
 		 * (whoever drains: this may be the application's poll, after
 		 * it armed again for the next one). */

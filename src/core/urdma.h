@@ -211,6 +211,10 @@ struct urdma_rq_geo {
 struct urdma_rq_wr {
 	uint64_t wr_id;
 	uint64_t len;
+	/* A Send with Invalidate that our own receive path (TCP) placed
+	 * and invalidated already; never read from the shared ring, where
+	 * a peer could claim it to keep its window alive. */
+	bool inv_done;
 };
 
 /* An XRC domain (xrc.c): the XRC SRQs and target QPs of every process of
@@ -581,7 +585,7 @@ int urdma_rqe_take(const struct urdma_shm_rqe *e, uint64_t posted_len,
 void urdma_qp_recv_posted(struct urdma_qp *qp, bool wake);
 void urdma_rqe_post(struct urdma_shm_rqe *e, struct urdma_rq_wr *pw,
 		    const struct ibv_recv_wr *wr);
-void urdma_rq_invalidate(struct urdma_qp *qp, const struct urdma_shm_rqe *e,
+void urdma_rq_invalidate(struct urdma_qp *qp, const struct urdma_rq_wr *pw,
 			 struct ibv_wc *w);
 /* xrc.c */
 struct ibv_xrcd *urdma_open_xrcd(struct ibv_context *context,

@@ -302,9 +302,17 @@ int rx_send(struct tcp_conn *c, const struct iwarp_msg *m, uint32_t *term)
 		 * a key that names no window of the QP is a protection
 		 * error. */
 		if (urdma_mw_remote_invalidate(qp, m->stag, false)) {
+			struct urdma_srq *srq = c->rcv_srq;
+
+			/* (in our private memory: rq.c does not do it again) */
+			if (srq)
+				srq->rq_wr[c->rcv_idx & (srq->rq.size - 1)]
+					.inv_done = true;
+			else
+				qp->rq_wr[c->rcv_idx & (qp->rq.size - 1)]
+					.inv_done = true;
 			rcv_complete(c, IBV_WC_SUCCESS, IBV_WC_RECV, c->rcv_got,
-				     IBV_WC_WITH_INV | URDMA_RQE_F_INV_DONE,
-				     m->stag);
+				     IBV_WC_WITH_INV, m->stag);
 		} else {
 			/* RFC 5040 7.2: an invalid STag to invalidate */
 			rcv_complete(c, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0, 0,
