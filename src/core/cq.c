@@ -414,14 +414,12 @@ void urdma_cq_notify(struct urdma_cq *cq)
 int urdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 {
 	struct urdma_cq *cq = to_ucq(ibcq);
-	struct urdma_srq *srq;
 	struct urdma_qp *qp;
 	int mode = solicited_only ? URDMA_NOTIFY_SOLICITED : URDMA_NOTIFY_ANY;
 
 	pthread_mutex_lock(&cq->lock);
 	cq->armed = mode;
-	list_for_each_entry(srq, &cq->xrc_srqs, cq_node)
-		atomic_store(&srq->shm->notify, mode);
+	cq_arm_shared(cq, mode);
 	list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
 		/* Read once: qp_disconnect clears it under the send CQ's lock
 		 * only, then passes through this one before the transport
@@ -429,7 +427,6 @@ int urdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 		const struct urdma_transport_ops *tr =
 			__atomic_load_n(&qp->tr, __ATOMIC_RELAXED);
 
-		atomic_store(&qp->shm->notify, mode);
 		if (tr && tr->armed)
 			tr->armed(qp);
 	}

@@ -460,7 +460,7 @@ void urdma_srq_maintain(struct urdma_srq *srq)
 	if (__atomic_load_n(&srq->stuck_ns, __ATOMIC_RELAXED))
 		urdma_srq_drain(srq);
 	/* A deliverer completed into an XRC SRQ whose CQ is armed: taken
-	 * into the CQ, which fires (urdma_cq_push). */
+	 * into the CQ (without firing), then the CQ fires. */
 	if (srq->xrcd && atomic_load(&s->notify_fired) &&
 	    atomic_exchange(&s->notify_fired, 0)) {
 		urdma_srq_drain(srq);

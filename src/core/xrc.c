@@ -69,13 +69,11 @@ static int xrcd_hold(uint64_t id, int oflags, bool local)
 		close(fd);
 		return -EPERM;
 	}
-	if (!exists) {
-		if (!flock(fd, LOCK_EX | LOCK_NB))
-			exists = false; /* nobody holds it */
-		else if (errno == EWOULDBLOCK)
-			exists = true;
-		else
+	/* Somebody holds it, if we can't have it alone. */
+	if (!exists && flock(fd, LOCK_EX | LOCK_NB)) {
+		if (errno != EWOULDBLOCK)
 			goto err;
+		exists = true;
 	}
 	if (!exists && !(oflags & O_CREAT)) {
 		close(fd);

@@ -182,9 +182,9 @@ static void pair_sender(struct t_peer *p, void *arg)
 	CHECK(t_expect_wc(r.send_cq, &wc, 25, IBV_WC_SUCCESS, -1, "marker"), "marker");
 	t_barrier(p); /* the receiver posted one receive of MSG bytes */
 	REQUIRE(t_post_send(qp, 21, IBV_WR_RDMA_WRITE, buf, MSG, mr->lkey, IBV_SEND_SIGNALED,
-			    rem.addr, rem.rkey ^ 0x100) == 0, "write, bad rkey");
+			    rem.addr + 16384, rem.rkey ^ 0x100) == 0, "write, bad rkey");
 	REQUIRE(t_post_send(qp, 22, IBV_WR_RDMA_WRITE_WITH_IMM, buf, MSG, mr->lkey,
-			    IBV_SEND_SIGNALED, rem.addr, rem.rkey ^ 0x100) == 0,
+			    IBV_SEND_SIGNALED, rem.addr + 16384, rem.rkey ^ 0x100) == 0,
 		"write with imm, bad rkey");
 	REQUIRE(t_post_send(qp, 23, IBV_WR_SEND, buf, 2 * MSG, mr->lkey, IBV_SEND_SIGNALED, 0,
 			    0) == 0, "send, too long");
@@ -256,6 +256,11 @@ static void pair_receiver(struct t_peer *p, void *arg)
 	      wc.opcode == IBV_WC_RECV, "the receive: %s wr_id %llu len %u",
 	      ibv_wc_status_str(wc.status), (unsigned long long)wc.wr_id, wc.byte_len);
 	CHECK(t_pattern_check(buf, MSG, 77) < 0, "it is the last send's data");
+	for (int i = 0; i < MSG; i++)
+		if (buf[16384 + i]) {
+			CHECK(0, "the Writes with a bad rkey wrote at byte %d", i);
+			break;
+		}
 	CHECK(t_cq_drain(r.recv_cq, NULL, 4, 50) == 0, "nothing else completed");
 	CHECK(t_qp_state(qp) == IBV_QPS_RTS, "receiver still RTS: %d", t_qp_state(qp));
 	t_barrier(p);

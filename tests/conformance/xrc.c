@@ -382,8 +382,8 @@ static void xrc_one_process(void *arg)
 			CHECK(t_pattern_check(got, MSG, m) < 0, "data of message %d", m);
 		}
 	}
-	CHECK(t_cq_drain(cqa, NULL, 4, 20) == 0 && t_cq_drain(r.recv_cq, NULL, 4, 0) == 0,
-	      "nothing more");
+	CHECK(t_cq_drain(cqa, NULL, 4, 20) == 0 && t_cq_drain(cqb, NULL, 4, 0) == 0 &&
+	      t_cq_drain(r.recv_cq, NULL, 4, 0) == 0, "nothing more");
 
 	/* One-sided through the target, in the SRQ's PD. */
 	uint64_t *res = (uint64_t *)(src + 2048);

@@ -143,9 +143,8 @@ struct tcp_conn {
 	uint64_t write_len, last_write_len;
 	/* UC drops what it can't take: the rest of a Send (rx_dropping),
 	 * a Write's segments (write_dropped, then last_write_dropped for its
-	 * Immediate Data); rx_uc_drops counts dropped messages. */
+	 * Immediate Data). */
 	bool rx_dropping, write_dropped, last_write_dropped;
-	uint64_t rx_uc_drops;
 	_Atomic bool stalled; /* a Send waits for a receive WR */
 	_Atomic uint64_t last_poll_ns; /* an application thread polled */
 	uint64_t rx_bytes;     /* received so far (rx_lock) */

@@ -247,9 +247,6 @@ void tcp_poll(struct urdma_qp *qp)
 		rsp_send(c);
 }
 
-/* The application may sleep on its CQ now: the progress thread must watch
- * for data again.  Under the CQ lock, inner to rx_lock: if that is busy,
- * tcp_maintain unparks. */
 /* Before the QP goes: a peer that sent to it more than the application
  * took (ibv_srq_pingpong keeps a Send in flight per QP and stops at its
  * count) gets its messages placed and answered, instead of a
@@ -267,6 +264,9 @@ void tcp_drain(struct urdma_qp *qp)
 	rsp_send(c);
 }
 
+/* The application may sleep on its CQ now: the progress thread must watch
+ * for data again.  Under the CQ lock, inner to rx_lock: if that is busy,
+ * tcp_maintain unparks. */
 void tcp_armed(struct urdma_qp *qp)
 {
 	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);

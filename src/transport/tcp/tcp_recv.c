@@ -183,7 +183,6 @@ static int uc_drop_send(struct tcp_conn *c, const struct iwarp_msg *m,
 	if (m->last) {
 		c->imm_pending = false;
 		c->rx_msn[DDP_QN_SEND]++;
-		c->rx_uc_drops++;
 	}
 	return RX_OK;
 }
@@ -376,7 +375,6 @@ int rx_imm(struct tcp_conn *c, const struct iwarp_msg *m, uint32_t *term)
 	if (r == RX_STALL && qp->ibqp.qp_type == IBV_QPT_UC) {
 		urdma_rq_idle(qp->shm); /* no receive: dropped */
 		c->rx_msn[DDP_QN_SEND]++;
-		c->rx_uc_drops++;
 		return RX_OK;
 	}
 	if (r) {

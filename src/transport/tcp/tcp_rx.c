@@ -330,7 +330,6 @@ static int rx_write(struct tcp_conn *c, const struct iwarp_msg *m,
 		c->write_len = 0;
 		c->write_dropped = false;
 		c->rx_writes += !c->last_write_dropped;
-		c->rx_uc_drops += c->last_write_dropped;
 	}
 	return RX_OK;
 }
