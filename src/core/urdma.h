@@ -595,7 +595,10 @@ int urdma_get_srq_num(struct ibv_srq *srq, uint32_t *srq_num);
 int urdma_xsrq_setup(struct urdma_srq *srq, struct urdma_xrcd *xrcd,
 		     struct urdma_cq *cq);
 bool urdma_xsrq_teardown(struct urdma_srq *srq);
-/* The PDs (up to max) of the XRC SRQs of domain xrcd_id in context uctx. */
+/* The PDs (up to max) of the XRC SRQs of domain xrcd_id in context uctx;
+ * urdma_xsrq_gen() changes (from 1 on) whenever an XRC SRQ comes or goes. */
+#define URDMA_XRC_PDS 8
+uint32_t urdma_xsrq_gen(void);
 int urdma_xsrq_pds(uint64_t xrcd_id, const struct urdma_context *uctx,
 		   uint32_t *pds, int max);
 void urdma_xrc_tgt_add(struct urdma_qp *qp);

@@ -37,6 +37,12 @@ static pthread_mutex_t xrc_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct list_head xrcds = LIST_HEAD_INIT(xrcds);
 static struct list_head tgt_qps = LIST_HEAD_INIT(tgt_qps);
 static struct list_head xsrqs = LIST_HEAD_INIT(xsrqs);
+static _Atomic uint32_t xsrq_gen = 1; /* bumped as xsrqs changes */
+
+uint32_t urdma_xsrq_gen(void)
+{
+	return atomic_load_explicit(&xsrq_gen, memory_order_acquire);
+}
 
 static uint64_t mix64(uint64_t x)
 {
@@ -230,6 +236,7 @@ int urdma_xsrq_setup(struct urdma_srq *srq, struct urdma_xrcd *xrcd,
 	}
 	if (!ret) {
 		list_add_tail(&srq->xrc_node, &xsrqs);
+		atomic_fetch_add(&xsrq_gen, 1);
 	} else { /* no number: teardown unpublishes nothing */
 		list_init(&srq->xrc_node);
 		srq->srqn = 0;
@@ -259,6 +266,7 @@ bool urdma_xsrq_teardown(struct urdma_srq *srq)
 		sched_yield();
 	pthread_mutex_lock(&xrc_lock);
 	list_del(&srq->xrc_node);
+	atomic_fetch_add(&xsrq_gen, 1);
 	pthread_mutex_unlock(&xrc_lock);
 	/* Under the CQ's lock, where cq_drain_srqs counts itself in the
 	 * SRQ's drainers: one that saw it has, before we go on. */

@@ -145,6 +145,10 @@ struct tcp_conn {
 	 * a Write's segments (write_dropped, then last_write_dropped for its
 	 * Immediate Data). */
 	bool rx_dropping, write_dropped, last_write_dropped;
+	/* An XRC target's: the PDs of its domain's XRC SRQs in its context,
+	 * as of XRC SRQ generation xpds_gen (tcp_rx.c: remote_access) */
+	uint32_t xpds[URDMA_XRC_PDS], xpds_gen;
+	int nxpds;
 	_Atomic bool stalled; /* a Send waits for a receive WR */
 	_Atomic uint64_t last_poll_ns; /* an application thread polled */
 	uint64_t rx_bytes;     /* received so far (rx_lock) */

@@ -278,11 +278,12 @@ static uint32_t lookup_term(int err, bool tagged)
 }
 
 /* Resolve [to, to+len) of one of our MRs for a remote access. */
-static int remote_access(struct urdma_qp *qp, uint32_t stag, uint64_t to,
+static int remote_access(struct tcp_conn *c, uint32_t stag, uint64_t to,
 			 uint64_t len, uint32_t access, struct urdma_span *sp)
 {
-	uint32_t pds[8];
-	int n = 0, ret = -EACCES;
+	struct urdma_qp *qp = c->qp;
+	int ret = -EACCES;
+	uint32_t gen;
 
 	if (!qp->xrcd || !len) /* (nothing touched: nothing checked) */
 		return urdma_remote_lookup(qp->uctx->shm,
@@ -292,13 +293,19 @@ static int remote_access(struct urdma_qp *qp, uint32_t stag, uint64_t to,
 					   sp);
 	/* An XRC target: iWARP's headers have no room for the SRQ whose PD
 	 * the key must be of; any XRC SRQ of its domain in its context
-	 * will do (docs/wire-protocol.md). */
-	n = urdma_xsrq_pds(qp->xrcd->id, qp->uctx, pds, 8);
-	for (int i = 0; i < n && ret == -EACCES; i++)
+	 * will do (docs/wire-protocol.md).  Those PDs are kept on the
+	 * connection until an XRC SRQ comes or goes (the generation). */
+	gen = urdma_xsrq_gen();
+	if (c->xpds_gen != gen) {
+		c->nxpds = urdma_xsrq_pds(qp->xrcd->id, qp->uctx, c->xpds,
+					  URDMA_XRC_PDS);
+		c->xpds_gen = gen;
+	}
+	for (int i = 0; i < c->nxpds && ret == -EACCES; i++)
 		ret = urdma_remote_lookup(qp->uctx->shm,
 					  READ_ONCE(qp->attr.qp_access_flags),
-					  pds[i], qp->ibqp.qp_num, stag, to, len,
-					  access, sp);
+					  c->xpds[i], qp->ibqp.qp_num, stag, to,
+					  len, access, sp);
 	return ret;
 }
 
@@ -306,7 +313,7 @@ static int rx_write(struct tcp_conn *c, const struct iwarp_msg *m,
 		    uint32_t *term)
 {
 	struct urdma_span d;
-	int err = remote_access(c->qp, m->stag, m->to, m->len,
+	int err = remote_access(c, m->stag, m->to, m->len,
 				IBV_ACCESS_REMOTE_WRITE, &d);
 
 	if (err && c->qp->ibqp.qp_type != IBV_QPT_UC) {
@@ -410,7 +417,7 @@ static int rx_read_req(struct tcp_conn *c, const struct iwarp_msg *m,
 				  TERM_RDMAP_EC_OPCODE, TERM_HDRCT_D);
 		return RX_ERR;
 	}
-	err = remote_access(c->qp, rr->src_stag, rr->src_to, rr->size,
+	err = remote_access(c, rr->src_stag, rr->src_to, rr->size,
 			    IBV_ACCESS_REMOTE_READ, &src);
 	if (err) {
 		*term = lookup_term(err, false);
@@ -461,7 +468,7 @@ static int rx_atomic_req(struct tcp_conn *c, const struct iwarp_msg *m,
 				  TERM_RDMAP_EC_OPCODE, TERM_HDRCT_D);
 		return RX_ERR;
 	}
-	err = remote_access(c->qp, a->stag, a->to, 8, IBV_ACCESS_REMOTE_ATOMIC,
+	err = remote_access(c, a->stag, a->to, 8, IBV_ACCESS_REMOTE_ATOMIC,
 			    &t);
 	if (!err && (a->to & 7)) {
 		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
