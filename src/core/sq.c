@@ -386,6 +386,32 @@ void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event)
 }
 
 /*
+ * The peer is gone for good (its process, or the stream's retry budget):
+ * the QP goes to ERR, and the WR at the head of the send queue, which was
+ * waiting for it, completes with RETRY_EXC_ERR, as the WR whose retries
+ * ran out does on a NIC; those behind it are flushed.  (Whichever comes
+ * first, this or that WR's own retry limit in sq_retry_exceeded, the
+ * same WR gets the same status.)
+ */
+void urdma_qp_lost(struct urdma_qp *qp)
+{
+	pthread_mutex_lock(&qp->sq_lock);
+	if (qp->ibqp.state != IBV_QPS_ERR && qp->ibqp.state != IBV_QPS_RESET &&
+	    qp->sq_head != qp->sq_tail) {
+		struct urdma_swqe *w = sq_slot(qp, qp->sq_head);
+
+		if (!atomic_load_explicit(&w->done, memory_order_relaxed)) {
+			atomic_store_explicit(&w->done,
+					      IBV_WC_RETRY_EXC_ERR + 1,
+					      memory_order_relaxed);
+			qp->sq_head++;
+		}
+	}
+	pthread_mutex_unlock(&qp->sq_lock);
+	urdma_qp_set_error(qp, true);
+}
+
+/*
  * How long a QP with nothing in flight takes to notice a dead peer: what
  * its retry limits would take on a wire (4.096 us * 2^timeout per try,
  * retry_cnt + 1 tries; 1 s when timeout is 0 = infinite).  A peer that
@@ -428,7 +454,7 @@ bool urdma_qp_maintain(struct urdma_qp *qp)
 			atomic_store(&qp->peer_dead, true);
 			urdma_info("qp %#x: the peer process died",
 				   qp->ibqp.qp_num);
-			urdma_qp_set_error(qp, true);
+			urdma_qp_lost(qp);
 		} else {
 			again = true;
 		}

@@ -572,6 +572,7 @@ void urdma_qp_wr_mark(struct urdma_qp *qp, uint32_t idx,
 void urdma_qp_wr_kick(struct urdma_qp *qp);
 void urdma_qp_notify_recv(struct urdma_qp *qp);
 void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event);
+void urdma_qp_lost(struct urdma_qp *qp);
 uint64_t urdma_qp_retry_ns(const struct urdma_qp *qp);
 /* How long after its peer is known gone an idle QP goes to ERR. */
 uint64_t urdma_qp_loss_grace_ns(struct urdma_qp *qp);

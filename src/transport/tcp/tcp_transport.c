@@ -534,7 +534,7 @@ bool tcp_maintain(struct urdma_qp *qp)
 	pthread_mutex_unlock(&c->rx_lock);
 	rsp_send_due(c);
 	if (fail) /* sq_lock is outer to rx_lock */
-		urdma_qp_set_error(qp, true);
+		urdma_qp_lost(qp);
 	return again;
 }
 
