@@ -48,8 +48,9 @@ bench: all
 	@scripts/deps.sh bench
 	bench/bench.sh $(BUILD)
 
-# libFuzzer on the iWARP parser, on what is read from shared memory and on
-# the TCP transport's placement (a real QP fed hostile messages), for
+# libFuzzer on the iWARP parser, on what is read from shared memory, on
+# the TCP transport's placement (a real QP fed hostile messages) and on UD
+# datagrams from the network (a real UD QP fed hostile datagrams), for
 # FUZZ_SECONDS each (clang and its compiler-rt, which scripts/deps.sh fuzz
 # installs).  New inputs go to $(FUZZ_BUILD)/corpus*, crashes to
 # $(FUZZ_BUILD)/crash-*; the parser's seeds are tests/fuzz/corpus.
@@ -60,16 +61,19 @@ FUZZ_FLAGS = -g -O1 -fno-omit-frame-pointer -D_GNU_SOURCE -Isrc -Itests/common \
 	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 fuzz: deps
 	@scripts/deps.sh fuzz
-	@mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/corpus-shm $(FUZZ_BUILD)/corpus-tcp
+	@mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/corpus-shm $(FUZZ_BUILD)/corpus-tcp $(FUZZ_BUILD)/corpus-ud
 	clang $(FUZZ_FLAGS) $(FUZZ_SRC) -o $(FUZZ_BUILD)/fuzz_iwarp_parse
 	clang $(FUZZ_FLAGS) tests/fuzz/fuzz_shm.c $(FUZZ_CORE) -lpthread -o $(FUZZ_BUILD)/fuzz_shm
 	clang $(FUZZ_FLAGS) tests/fuzz/fuzz_tcp_place.c $(FUZZ_CORE) -lpthread -o $(FUZZ_BUILD)/fuzz_tcp_place
+	clang $(FUZZ_FLAGS) tests/fuzz/fuzz_ud.c $(FUZZ_CORE) -lpthread -o $(FUZZ_BUILD)/fuzz_ud
 	cd $(FUZZ_BUILD) && ./fuzz_iwarp_parse -max_total_time=$(FUZZ_SECONDS) \
 		-print_final_stats=1 $(FUZZ_ARGS) corpus $(CURDIR)/tests/fuzz/corpus
 	cd $(FUZZ_BUILD) && URDMA_LOG_FILE=/dev/null ./fuzz_shm \
 		-max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(FUZZ_ARGS) corpus-shm
 	cd $(FUZZ_BUILD) && ./fuzz_tcp_place -max_total_time=$(FUZZ_SECONDS) \
 		-print_final_stats=1 $(FUZZ_ARGS) corpus-tcp
+	cd $(FUZZ_BUILD) && ./fuzz_ud -max_total_time=$(FUZZ_SECONDS) \
+		-print_final_stats=1 $(FUZZ_ARGS) corpus-ud
 
 install: all
 	cmake --install $(BUILD) --prefix $(PREFIX)

@@ -329,6 +329,7 @@ int urdma_query_device(struct ibv_context *c, struct ibv_device_attr *a)
 	a->max_srq_wr = URDMA_MAX_SRQ_WR;
 	a->max_srq_sge = URDMA_MAX_SGE;
 	a->max_pkeys = 1;
+	a->max_ah = 1 << 20; /* (not counted: memory is the limit) */
 	a->local_ca_ack_delay = 1;
 	a->phys_port_cnt = 1;
 	return 0;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * RC, UC and XRC queue pairs: creating and destroying them, the state machine
+ * RC, UC, UD and XRC queue pairs: creating and destroying them, the state machine
  * (ibv_modify_qp, ibv_query_qp).  The send queue engine is in sq.c, the
  * owner's side of the receive queue in rq.c.
  */
@@ -39,11 +39,14 @@ static _Atomic uint32_t next_handle = 1;
  */
 static int qp_number(struct urdma_qp *qp, uint32_t *qpn)
 {
+	const struct urdma_transport_ops *const *trs =
+		qp->ibqp.qp_type == IBV_QPT_UD ? urdma_ud_transports :
+						 urdma_transports;
 	uint32_t ctx_id = qp->uctx->ctx_id;
 	int ret = EAGAIN;
 
-	for (int t = 0; urdma_transports[t] && ret; t++) {
-		const struct urdma_transport_ops *tr = urdma_transports[t];
+	for (int t = 0; trs[t] && ret; t++) {
+		const struct urdma_transport_ops *tr = trs[t];
 
 		for (int tries = 0; tr->qpn_reserve && ret && tries < 64;
 		     tries++) {
@@ -86,7 +89,8 @@ struct ibv_qp *urdma_qp_create(struct ibv_context *context,
 	uint32_t qpn;
 	int ret;
 
-	if (type != IBV_QPT_RC && type != IBV_QPT_UC && !tgt && !ini) {
+	if (type != IBV_QPT_RC && type != IBV_QPT_UC && type != IBV_QPT_UD &&
+	    !tgt && !ini) {
 		urdma_dbg("QP type %d is not supported", type);
 		errno = EOPNOTSUPP;
 		return NULL;
@@ -94,7 +98,8 @@ struct ibv_qp *urdma_qp_create(struct ibv_context *context,
 	/* What the kind has: a target only its domain, a send QP no
 	 * receive queue (what the program passed for those is ignored). */
 	struct ibv_cq *app_scq = tgt ? NULL : init->send_cq;
-	bool rq = type == IBV_QPT_RC || type == IBV_QPT_UC;
+	bool rq = type == IBV_QPT_RC || type == IBV_QPT_UC ||
+		  type == IBV_QPT_UD;
 	struct ibv_cq *app_rcq = rq ? init->recv_cq : NULL;
 	struct ibv_srq *srq = tgt ? NULL : init->srq;
 
@@ -168,6 +173,7 @@ struct ibv_qp *urdma_qp_create(struct ibv_context *context,
 		goto err_free_sq;
 	if (srq)
 		qp->cap.max_recv_wr = qp->cap.max_recv_sge = 0;
+	qp->ibqp.qp_type = type;
 	ret = qp_number(qp, &qpn);
 	if (ret)
 		goto err_free_rq;
@@ -183,6 +189,7 @@ struct ibv_qp *urdma_qp_create(struct ibv_context *context,
 		.rq_max_sge = qp->rq.max_sge,
 		.rq_offset = sizeof(struct urdma_shm_qp),
 		.xrcd_id = tgt ? xrcd->id : 0,
+		.gen = urdma_random32() | 1,
 	};
 	pthread_mutex_init(&qp->sq_lock, NULL);
 	pthread_mutex_init(&qp->rq_lock, NULL);
@@ -325,7 +332,12 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 
 	if (qp->tr && qp->tr->drain)
 		qp->tr->drain(qp);
+	if (ibqp->qp_type == IBV_QPT_UD && atomic_load(&qp->shm->ud_drops))
+		urdma_info("qp %#x: %u datagrams to it were dropped", ibqp->qp_num,
+			   atomic_load(&qp->shm->ud_drops));
 	urdma_host_qp_unpublish(ibqp->qp_num);
+	if (qp->qpn_tr && qp->qpn_tr->qpn_unbind) /* nothing new reaches it */
+		qp->qpn_tr->qpn_unbind(qp);
 	atomic_store(&qp->shm->state, URDMA_SQPS_GONE);
 	urdma_srq_detach(qp);
 	if (!urdma_rq_quiesce(qp, RQ_WAIT_NS)) {
@@ -420,6 +432,34 @@ static const struct qp_trans qp_trans[IBV_QPS_ERR + 1][IBV_QPS_ERR + 1] = {
 };
 #undef T
 
+/* UD, as the kernel's table has it: a Q_Key, no path or peer. */
+#define T(r, o) { .req = (r), .opt = (o), .ok = true }
+#define UD_OPT (IBV_QP_CUR_STATE | IBV_QP_QKEY)
+static const struct qp_trans ud_trans[IBV_QPS_ERR + 1][IBV_QPS_ERR + 1] = {
+	[IBV_QPS_RESET] = {
+		[IBV_QPS_RESET] = T(0, 0),
+		[IBV_QPS_INIT] = T(IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY,
+				   0),
+	},
+	[IBV_QPS_INIT] = {
+		[IBV_QPS_INIT] = T(0, IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				      IBV_QP_QKEY),
+		[IBV_QPS_RTR] = T(0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY),
+	},
+	[IBV_QPS_RTR] = { [IBV_QPS_RTS] = T(IBV_QP_SQ_PSN, UD_OPT) },
+	[IBV_QPS_RTS] = {
+		[IBV_QPS_RTS] = T(0, UD_OPT),
+		[IBV_QPS_SQD] = T(0, IBV_QP_EN_SQD_ASYNC_NOTIFY),
+	},
+	[IBV_QPS_SQD] = {
+		[IBV_QPS_RTS] = T(0, UD_OPT),
+		[IBV_QPS_SQD] = T(0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY),
+	},
+	[IBV_QPS_SQE] = { [IBV_QPS_RTS] = T(0, UD_OPT) },
+};
+#undef T
+#undef UD_OPT
+
 #define UC_NONE                                                                \
 	(IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER | IBV_QP_TIMEOUT |   \
 	 IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC)
@@ -456,6 +496,10 @@ static int check_values(struct urdma_qp *qp, const struct ibv_qp_attr *a,
 		return EINVAL;
 	if ((mask & IBV_QP_MIN_RNR_TIMER) && a->min_rnr_timer > 31)
 		return EINVAL;
+	/* A controlled Q_Key (the top bit) is for privileged consumers,
+	 * as the kernel's uverbs has it. */
+	if ((mask & IBV_QP_QKEY) && (a->qkey & 0x80000000u))
+		return EPERM;
 	if ((mask & IBV_QP_PATH_MIG_STATE) && a->path_mig_state != IBV_MIG_MIGRATED)
 		return EOPNOTSUPP;
 	if (mask & IBV_QP_ALT_PATH)
@@ -511,6 +555,8 @@ int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
 	if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
 		static const struct qp_trans any = { 0, IBV_QP_CUR_STATE, true };
 		t = &any;
+	} else if (ibqp->qp_type == IBV_QPT_UD) {
+		t = &ud_trans[cur][next];
 	} else {
 		t = &qp_trans[cur][next];
 	}
@@ -555,6 +601,10 @@ int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
 	}
 	if (mask & IBV_QP_PKEY_INDEX)
 		qp->attr.pkey_index = a->pkey_index;
+	if (mask & IBV_QP_QKEY) {
+		qp->attr.qkey = a->qkey;
+		qp->shm->qkey = a->qkey; /* deliverers compare it */
+	}
 	if (mask & IBV_QP_PORT)
 		qp->attr.port_num = a->port_num;
 	if (mask & IBV_QP_AV)

@@ -231,6 +231,19 @@ static void ex_set_xrc_srqn(struct ibv_qp_ex *x, uint32_t srqn)
 		wr->qp_type.xrc.remote_srqn = srqn;
 }
 
+/* A UD QP's: where the datagram goes (ibv_wr_set_ud_addr). */
+static void ex_set_ud_addr(struct ibv_qp_ex *x, struct ibv_ah *ah,
+			   uint32_t remote_qpn, uint32_t remote_qkey)
+{
+	struct ibv_send_wr *wr = wr_last(ex_to_uqp(x)->wrb);
+
+	if (wr) {
+		wr->wr.ud.ah = ah;
+		wr->wr.ud.remote_qpn = remote_qpn;
+		wr->wr.ud.remote_qkey = remote_qkey;
+	}
+}
+
 static void ex_start(struct ibv_qp_ex *x)
 {
 	struct urdma_wr_batch *b = ex_to_uqp(x)->wrb;
@@ -300,6 +313,8 @@ static int qp_ex_init(struct urdma_qp *qp, uint64_t ops)
 	x->wr_set_inline_data_list = ex_set_inline_list;
 	if (qp->ibqp.qp_type == IBV_QPT_XRC_SEND)
 		x->wr_set_xrc_srqn = ex_set_xrc_srqn;
+	if (qp->ibqp.qp_type == IBV_QPT_UD)
+		x->wr_set_ud_addr = ex_set_ud_addr;
 	x->wr_start = ex_start;
 	x->wr_complete = ex_complete;
 	x->wr_abort = ex_abort;
@@ -373,6 +388,14 @@ struct ibv_qp *urdma_create_qp_ex(struct ibv_context *context,
 				   IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
 				   IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
 				   IBV_QP_EX_WITH_SEND_WITH_INV))) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	/* UD sends, with or without immediate data, only. */
+	if (ax->qp_type == IBV_QPT_UD &&
+	    (ax->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
+	    (ax->send_ops_flags & ~(uint64_t)(IBV_QP_EX_WITH_SEND |
+					       IBV_QP_EX_WITH_SEND_WITH_IMM))) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}

@@ -182,9 +182,10 @@ uint32_t urdma_rq_ready(struct urdma_qp *qp)
 }
 
 /* One completion a deliverer wrote into e, checked: 0, or -1 if it can't
- * be (an unknown status or opcode, a Send longer than the receive). */
+ * be (an unknown status or opcode, a Send longer than the receive; for a
+ * UD QP, anything but a Send of at least the GRH's 40 bytes). */
 int urdma_rqe_take(const struct urdma_shm_rqe *e, uint64_t posted_len,
-		   struct ibv_wc *w)
+		   bool ud, struct ibv_wc *w)
 {
 	uint32_t status = READ_ONCE(e->status), opcode = READ_ONCE(e->opcode);
 	uint32_t len = READ_ONCE(e->byte_len), flags = READ_ONCE(e->wc_flags);
@@ -193,7 +194,9 @@ int urdma_rqe_take(const struct urdma_shm_rqe *e, uint64_t posted_len,
 	    (opcode != IBV_WC_RECV && opcode != IBV_WC_RECV_RDMA_WITH_IMM) ||
 	    (flags & ~(unsigned)(IBV_WC_WITH_IMM | IBV_WC_WITH_INV)) ||
 	    (status == IBV_WC_SUCCESS && opcode == IBV_WC_RECV &&
-	     len > posted_len))
+	     len > posted_len) ||
+	    (ud && (opcode != IBV_WC_RECV || (flags & IBV_WC_WITH_INV) ||
+		    (status == IBV_WC_SUCCESS && len < URDMA_GRH_BYTES))))
 		return -1;
 	w->status = status;
 	w->opcode = opcode;
@@ -254,7 +257,8 @@ int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
 
 		memset(w, 0, sizeof(*w));
 		if ((flushed && (int32_t)(poll - qp->rq_flush_from) >= 0) ||
-		    urdma_rqe_take(urdma_rq_entry(qp, poll), pw->len, w)) {
+		    urdma_rqe_take(urdma_rq_entry(qp, poll), pw->len,
+				   qp->ibqp.qp_type == IBV_QPT_UD, w)) {
 			if (!flushed) {
 				rq_bad(qp, "a completion that can't be, at",
 				       poll, prod);
@@ -268,7 +272,7 @@ int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
 		}
 		w->wr_id = pw->wr_id;
 		w->qp_num = qp->ibqp.qp_num;
-		w->src_qp = qp->attr.dest_qp_num;
+		urdma_rqe_source(qp, urdma_rq_entry(qp, poll), w);
 		urdma_rq_invalidate(qp, pw, w);
 		poll++;
 		n++;

@@ -40,7 +40,7 @@
 #include <stdint.h>
 
 #define URDMA_SHM_MAGIC 0x75726d61u /* "urma" */
-#define URDMA_SHM_VERSION 8u
+#define URDMA_SHM_VERSION 9u
 #define URDMA_CACHELINE 64
 
 /* MR table: key = (index << URDMA_MR_TAG_BITS) | random tag.  The index
@@ -154,9 +154,15 @@ struct urdma_shm_rqe {
 	uint32_t wc_flags;
 	uint32_t src_qp;
 	uint32_t srq_pid;
+	/* A UD receive: the sender's LID, SL and whether a GRH was written
+	 * into the buffer's first 40 bytes (URDMA_RQE_UD_*). */
+	uint32_t ud_src;
+	uint32_t reserved;
 	struct urdma_shm_sge sge[];
 };
-static_assert(sizeof(struct urdma_shm_rqe) == 40, "rqe header");
+static_assert(sizeof(struct urdma_shm_rqe) == 48, "rqe header");
+#define URDMA_RQE_UD_SL_SHIFT 16
+#define URDMA_RQE_UD_GRH (1u << 20)
 
 
 enum {
@@ -191,6 +197,10 @@ struct urdma_shm_qp {
 	alignas(URDMA_CACHELINE) uint64_t srq_va;
 	uint64_t srq_bytes;
 	uint32_t srqn;
+	uint32_t qkey; /* a UD QP's Q_Key */
+	/* Random, per QP: a deliverer that found this block for another QP
+	 * (destroyed, its block reused) sees the difference. */
+	uint32_t gen;
 	/* An XRC target: receives go to the XRC SRQ each message names, of
 	 * this domain (struct urdma_shm_srq.xrcd_id). */
 	uint64_t xrcd_id;
@@ -198,6 +208,10 @@ struct urdma_shm_qp {
 	alignas(URDMA_CACHELINE) _Atomic uint32_t error_req; /* please enter ERR */
 	_Atomic uint32_t rnr_waiter; /* wake the peer on the next post_recv */
 	_Atomic uint32_t notify_fired; /* a deliverer consumed 'notify' */
+	_Atomic uint32_t ud_drops; /* UD: datagrams no receive took */
+	/* UD: the ring's many writers take turns: 0, or the pid of the one
+	 * writing (compare-and-swap; transport/ud.c). */
+	_Atomic uint32_t ud_lock;
 	/* Producer index (owner). */
 	alignas(URDMA_CACHELINE) _Atomic uint32_t rq_prod;
 	/* Completion index and busy flag (deliverer). */

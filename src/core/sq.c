@@ -136,7 +136,7 @@ static bool sq_retry_exceeded(struct urdma_qp *qp, struct urdma_swqe *wqe,
 		return true;
 	}
 	if (r == URDMA_TX_RNR) {
-		uint32_t code = qp->peer_qp ? qp->peer_qp->min_rnr_timer : 12;
+		uint32_t code = qp->dst.qp ? qp->dst.qp->min_rnr_timer : 12;
 
 		if (qp->attr.rnr_retry == 7)
 			return false; /* 7 means for ever */
@@ -569,9 +569,17 @@ static int sq_admit(struct urdma_qp *qp, const struct ibv_send_wr *wr,
 	       wr->qp_type.xrc.remote_srqn > 0xffffff) &&
 	      wr->opcode != IBV_WR_BIND_MW && wr->opcode != IBV_WR_LOCAL_INV)))
 		return EINVAL;
+	/* UD: Sends to the QP and address a handle of ours names. */
+	if (qp->ibqp.qp_type == IBV_QPT_UD &&
+	    ((wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) ||
+	     !wr->wr.ud.ah || wr->wr.ud.ah->context != qp->ibqp.context ||
+	     wr->wr.ud.remote_qpn > 0xffffff))
+		return EINVAL;
 	ret = check_send_wr(qp, wr, len);
 	if (ret)
 		return ret;
+	if (qp->ibqp.qp_type == IBV_QPT_UD && *len > URDMA_UD_MTU)
+		return EINVAL; /* a datagram is one packet */
 	if (qp->sq_tail - atomic_load_explicit(&qp->sq_retired,
 					       memory_order_acquire) >=
 	    qp->cap.max_send_wr)
@@ -612,8 +620,12 @@ static void sq_put(struct urdma_qp *qp, const struct ibv_send_wr *wr,
 		qp->sq_tail++;
 		return;
 	}
-	if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-	    wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+	if (qp->ibqp.qp_type == IBV_QPT_UD) {
+		w->ud_qpn = wr->wr.ud.remote_qpn;
+		w->ud_qkey = wr->wr.ud.remote_qkey;
+		w->av = to_uah(wr->wr.ud.ah)->av;
+	} else if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		   wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
 		w->remote_addr = wr->wr.atomic.remote_addr;
 		w->rkey = wr->wr.atomic.rkey;
 		w->compare_add = wr->wr.atomic.compare_add;

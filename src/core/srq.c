@@ -358,7 +358,7 @@ static void srq_take_xrc(struct urdma_srq *srq, struct urdma_shm_rqe *e,
 {
 	struct ibv_wc wc = { 0 };
 
-	if (urdma_rqe_take(e, pw->len, &wc) ||
+	if (urdma_rqe_take(e, pw->len, false, &wc) ||
 	    (wc.wc_flags & IBV_WC_WITH_INV)) {
 		/* Nonsense a deliverer wrote: the WR is not lost. */
 		urdma_warn("xrc srq %#x: a completion that can't be: the WR "
@@ -424,7 +424,8 @@ void urdma_srq_drain(struct urdma_srq *srq)
 		if (qp && (qp->ibqp.state == IBV_QPS_RESET ||
 			   qp->ibqp.state == IBV_QPS_INIT))
 			qp = NULL;
-		if (!qp || urdma_rqe_take(e, pw->len, &wc)) {
+		if (!qp || urdma_rqe_take(e, pw->len,
+					  qp->ibqp.qp_type == IBV_QPT_UD, &wc)) {
 			if (qp) { /* nonsense for a QP of ours */
 				urdma_err("qp %#x: a completion that can't be in "
 					  "its SRQ %#x: the QP goes to error",
@@ -436,7 +437,7 @@ void urdma_srq_drain(struct urdma_srq *srq)
 		}
 		wc.wr_id = pw->wr_id;
 		wc.qp_num = qp->ibqp.qp_num;
-		wc.src_qp = qp->attr.dest_qp_num;
+		urdma_rqe_source(qp, e, &wc);
 		urdma_rq_invalidate(qp, pw, &wc);
 		/* The event, if armed, came from the deliverer's notify
 		 * (whoever drains: this may be the application's poll, after

@@ -175,6 +175,20 @@ struct urdma_cq {
 };
 
 /* A send WR copied at post time. */
+/* Where a UD datagram goes: an address handle's attributes, copied into
+ * each WR that names it (ud.c). */
+struct urdma_av {
+	uint8_t dgid[16];
+	uint32_t flow_label;
+	uint16_t dlid;
+	uint8_t sl, is_global, sgid_index, hop_limit, tclass;
+};
+
+struct urdma_ah {
+	struct ibv_ah ibah;
+	struct urdma_av av;
+};
+
 struct urdma_swqe {
 	uint64_t wr_id;
 	uint64_t remote_addr;
@@ -191,6 +205,9 @@ struct urdma_swqe {
 	uint32_t inline_len;
 	uint32_t xrc_srqn; /* an XRC send QP's: the target SRQ */
 	_Atomic uint32_t done; /* 0, or the completion status + 1 */
+	/* A UD QP's: the destination QP, its Q_Key and address */
+	uint32_t ud_qpn, ud_qkey;
+	struct urdma_av av;
 	struct ibv_sge sge[]; /* then inline data */
 };
 
@@ -204,6 +221,21 @@ struct urdma_rq_geo {
 	uint32_t size; /* entries, a power of two */
 	uint32_t stride;
 	uint32_t max_sge;
+};
+
+/* A peer QP's receive queue, as a deliverer over shared memory writes it:
+ * its block and ring, and its SRQ's, checked and their geometry copied
+ * when found (transport/shm/). */
+struct urdma_shm_dest {
+	struct urdma_shm_qp *qp;
+	uint8_t *ring;
+	struct urdma_rq_geo rq;
+	struct urdma_shm_srq *srq; /* the SRQ it receives from, or NULL */
+	uint8_t *srq_ring;
+	struct urdma_rq_geo srq_rq;
+	uint32_t srq_pd;
+	uint32_t prod, done; /* its rq_prod as last read, our rq_done */
+	uint32_t gen;	     /* the block's, when found */
 };
 
 /* What the owner posted in a receive slot: the shared ring has the SGEs
@@ -332,16 +364,9 @@ struct urdma_qp {
 	/* the transport that made the QPN (qpn_reserve), or NULL */
 	const struct urdma_transport_ops *qpn_tr;
 	_Atomic int pollers; /* ibv_poll_cq threads driving tr->poll */
-	/* shared memory: the peer QP's block and ring (checked, copied) */
+	/* shared memory: the peer's context, and its QP's receive queue */
 	struct urdma_peer *peer;
-	struct urdma_shm_qp *peer_qp;
-	uint8_t *peer_ring;
-	struct urdma_rq_geo peer_rq;
-	/* the peer QP's SRQ, if it has one (checked, copied at attach) */
-	struct urdma_shm_srq *peer_srq;
-	uint8_t *peer_srq_ring;
-	struct urdma_rq_geo peer_srq_rq;
-	uint32_t peer_srq_pd;
+	struct urdma_shm_dest dst;
 	uint64_t peer_va, peer_size; /* from its record */
 	/* rkeys of the peer's windows our Sends with Invalidate named, with
 	 * their entries' seq then (shm_transport.c), under sq_lock */
@@ -350,9 +375,12 @@ struct urdma_qp {
 	uint32_t inv_next;
 	uint32_t peer_ctx;
 	bool peer_stale; /* look for the record again */
-	uint32_t peer_prod, peer_done; /* its rq_prod as last read, our rq_done */
 	uint64_t peer_pause_ns, peer_retry_ns; /* shm_attach's back-off */
 	uint64_t uc_lost_ns; /* UC: since when no WR has found the responder */
+	/* UD over shm: the QPs datagrams went to (shm_ud.c), under sq_lock;
+	 * datagrams we dropped as sender */
+	struct urdma_ud_dests *ud;
+	uint64_t ud_drops;
 	_Atomic bool peer_dead;
 	uint64_t peer_dead_ns; /* when the progress thread saw it die */
 };
@@ -581,7 +609,7 @@ bool urdma_qp_maintain(struct urdma_qp *qp);
 int urdma_rq_init(struct urdma_qp *qp, uint32_t max_wr, uint32_t max_sge);
 void urdma_rq_destroy(struct urdma_qp *qp);
 int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max);
-int urdma_rqe_take(const struct urdma_shm_rqe *e, uint64_t posted_len,
+int urdma_rqe_take(const struct urdma_shm_rqe *e, uint64_t posted_len, bool ud,
 		   struct ibv_wc *w);
 void urdma_qp_recv_posted(struct urdma_qp *qp, bool wake);
 void urdma_rqe_post(struct urdma_shm_rqe *e, struct urdma_rq_wr *pw,
@@ -718,5 +746,28 @@ int urdma_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 		    struct ibv_send_wr **bad);
 int urdma_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 		    struct ibv_recv_wr **bad);
+
+/* Address handles and what UD receives carry (ud.c). */
+struct ibv_ah *urdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
+int urdma_destroy_ah(struct ibv_ah *ah);
+int urdma_init_ah_from_wc(struct ibv_context *context, uint8_t port_num,
+			  const struct ibv_wc *wc, const struct ibv_grh *grh,
+			  struct ibv_ah_attr *ah_attr);
+static inline struct urdma_ah *to_uah(struct ibv_ah *a)
+{
+	return container_of(a, struct urdma_ah, ibah);
+}
+/* The 40-byte GRH a datagram sent by uctx with av carries (av global),
+ * for a payload of len bytes. */
+void urdma_grh_build(const struct urdma_context *uctx,
+		     const struct urdma_av *av, uint32_t len,
+		     struct ibv_grh *grh);
+/* The sender's fields of a receive completion in e: its QP, and for a UD
+ * QP its LID, SL and whether the buffer starts with a GRH. */
+void urdma_rqe_source(const struct urdma_qp *qp, const struct urdma_shm_rqe *e,
+		      struct ibv_wc *w);
+/* The largest UD message: the port's MTU. */
+#define URDMA_UD_MTU 4096u
+#define URDMA_GRH_BYTES 40u
 
 #endif

@@ -37,6 +37,11 @@ bool urdma_gid_is_local(const struct urdma_context *uctx, const void *gid)
 	return false;
 }
 
+const struct urdma_transport_ops *const urdma_ud_transports[] = {
+	&urdma_ud_transport,
+	NULL,
+};
+
 const struct urdma_transport_ops *const urdma_transports[] = {
 	&urdma_tcp_transport,
 	&urdma_shm_transport,
@@ -49,6 +54,9 @@ const struct urdma_transport_ops *urdma_pick_transport(struct urdma_qp *qp,
 	const char *e = getenv("URDMA_TRANSPORT");
 	const struct urdma_transport_ops *tr;
 
+	/* A UD QP's datagrams each go where their WR says, on this host. */
+	if (qp->ibqp.qp_type == IBV_QPT_UD)
+		return &urdma_ud_transport;
 	if (e && !strcmp(e, "shm"))
 		tr = &urdma_shm_transport;
 	else if (e && !strcmp(e, "tcp"))

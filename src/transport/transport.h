@@ -55,6 +55,9 @@ struct urdma_transport_ops {
 	 * through such a transport with a number it made. */
 	int (*qpn_reserve)(uint32_t *qpn);
 	void (*qpn_bind)(struct urdma_qp *qp);
+	/* Optional: the QP is being destroyed; what arrives for it from now
+	 * on finds nobody (its number stays taken until qpn_release). */
+	void (*qpn_unbind)(struct urdma_qp *qp);
 	void (*qpn_release)(uint32_t qpn);
 	/* Optional.  Progress thread, once per pass, before the QPs': upkeep
 	 * of what belongs to no QP. */
@@ -63,8 +66,11 @@ struct urdma_transport_ops {
 
 extern const struct urdma_transport_ops urdma_shm_transport;
 extern const struct urdma_transport_ops urdma_tcp_transport;
-/* Every transport, NULL-terminated: what the core may ask for QPNs. */
+extern const struct urdma_transport_ops urdma_ud_transport;
+/* Every transport of RC, UC and XRC QPs, NULL-terminated: what the core
+ * may ask for QPNs; UD's, the same for UD QPs. */
 extern const struct urdma_transport_ops *const urdma_transports[];
+extern const struct urdma_transport_ops *const urdma_ud_transports[];
 
 const struct urdma_transport_ops *urdma_pick_transport(struct urdma_qp *qp,
 						       const struct ibv_qp_attr *a);

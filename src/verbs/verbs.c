@@ -326,34 +326,37 @@ int ibv_destroy_srq(struct ibv_srq *srq)
 	return urdma_destroy_srq(srq);
 }
 
-/* ---- what urdma does not implement: the documented errors ---- */
+/* ---- address handles (core/ud.c) ---- */
 
-/* Address handles serve UD QPs, which urdma does not have yet. */
 struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 {
-	errno = EOPNOTSUPP;
-	return NULL;
+	return urdma_create_ah(pd, attr);
 }
 
 int ibv_destroy_ah(struct ibv_ah *ah)
 {
-	return EOPNOTSUPP;
+	return urdma_destroy_ah(ah);
 }
 
 int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num,
 			struct ibv_wc *wc, struct ibv_grh *grh,
 			struct ibv_ah_attr *ah_attr)
 {
-	errno = EOPNOTSUPP;
-	return -1;
+	return urdma_init_ah_from_wc(context, port_num, wc, grh, ah_attr);
 }
 
 struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc,
 				     struct ibv_grh *grh, uint8_t port_num)
 {
-	errno = EOPNOTSUPP;
-	return NULL;
+	struct ibv_ah_attr attr;
+
+	if (!pd ||
+	    urdma_init_ah_from_wc(pd->context, port_num, wc, grh, &attr))
+		return NULL;
+	return urdma_create_ah(pd, &attr);
 }
+
+/* ---- what urdma does not implement: the documented errors ---- */
 
 int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
 {

@@ -363,9 +363,16 @@ run_multi() {
 # qp_type_perftest_cases DEVICE: perftest over XRC (-c XRC: send, Write,
 # Read and atomics through an XRC target QP into an XRC SRQ) and UC (-c UC:
 # send and Write; -n 500, fewer than the receives the server posts, as UC
-# drops what finds none), as run_cases cases in QPT_PERFTEST_CASES.
+# drops what finds none), as run_cases cases in QPT_PERFTEST_CASES; over UD
+# (-c UD: Sends, the rate with -n 500 for the same reason) in
+# UD_PERFTEST_CASES.
 qp_type_perftest_cases() {
     local t
+    UD_PERFTEST_CASES=(
+        "ib_send_lat (UD)|ib_send_lat -d $1 -F -c UD -n 2000"
+        "ib_send_lat (UD, all sizes)|ib_send_lat -d $1 -F -c UD -a -n 200"
+        "ib_send_bw (UD)|ib_send_bw -d $1 -F -c UD -n 500"
+    )
     QPT_PERFTEST_CASES=()
     for t in ib_send_bw ib_send_lat ib_write_bw ib_write_lat ib_read_bw \
              ib_read_lat ib_atomic_bw ib_atomic_lat; do

@@ -5,8 +5,8 @@
 # client open the same XRC domain, /tmp/xrc_domain; each has its own XRC
 # SRQ), with 3 clients at once (the server sends round robin on its send
 # QPs, so a client's target QP receives messages for another client's SRQ,
-# in another process), ibv_uc_pingpong, and perftest -c XRC and -c UC
-# (qp_type_perftest_cases).
+# in another process), ibv_uc_pingpong, ibv_ud_pingpong, and perftest
+# -c XRC, -c UC and -c UD (qp_type_perftest_cases).
 # Usage: qp_types.sh BUILD_DIR     (exit 0 pass, 1 fail, 77 skip)
 COMPAT_BUDGET=${COMPAT_BUDGET:-240}   # seconds, for all cases
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -15,6 +15,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 compat_init "${1:-}"
 need_cmd ibv_xsrq_pingpong ibverbs-utils
 qp_type_perftest_cases "${COMPAT_DEVICE:-urdma0}"
+need_cmd ibv_ud_pingpong ibverbs-utils
 
 PORT_BASE=${COMPAT_QPT_PORT:-18800}
 T=${COMPAT_QPT_TIMEOUT:-30}     # per process, seconds
@@ -34,8 +35,16 @@ for tr in shm tcp; do
         "uc_pingpong|ibv_uc_pingpong" \
         "uc_pingpong events|ibv_uc_pingpong -e -n 2000" \
         "uc_pingpong 64 KiB|ibv_uc_pingpong -s 65536 -n 200"
+    # UD: datagrams over shared memory, or over UDP with
+    # URDMA_TRANSPORT=tcp.  ibv_ud_pingpong: LID addressing, then GID
+    # addressing (a GRH in each receive) with CQ events, one MTU.
+    run_cases show_rc_rates \
+        "ud_pingpong|ibv_ud_pingpong" \
+        "ud_pingpong GRH, events|ibv_ud_pingpong -g 1 -e -n 2000" \
+        "ud_pingpong 4 KiB|ibv_ud_pingpong -s 4096 -n 500"
     RESULT_RE='#bytes'
     RESULT_CHECK=perftest_has_table
-    run_cases show_perftest_table "${QPT_PERFTEST_CASES[@]}"
+    run_cases show_perftest_table "${QPT_PERFTEST_CASES[@]}" \
+        "${UD_PERFTEST_CASES[@]}"
 done
 finish

@@ -68,7 +68,8 @@ UNDECODED='tcp.len > 0 && !iwarp_mpa && !tcp.reassembled_in && !tcp.analysis.out
            && !tcp.analysis.retransmission && !tcp.analysis.spurious_retransmission'
 
 CAP_PID=""
-# capture_start NAME OOB_PORT: capture on VETH_B; sets CAP_FILE, CAP_LOG.
+# capture_start NAME OOB_PORT [FILTER]: capture on VETH_B (TCP but the
+# out-of-band port, or FILTER); sets CAP_FILE, CAP_LOG.
 # tshark says "Capturing on" before dumpcap has opened the interface: a
 # workload started then may lose its MPA Request and Reply to the capture
 # (seen once, on a machine's first run), and Wireshark does not decode a
@@ -80,7 +81,7 @@ capture_start() {
     CAP_LOG=$WORK/$1.tshark.log
     : >"$CAP_LOG"
     ip netns exec "$NS_B" timeout -k 2 $((T * 2)) \
-        tshark -n -i "$VETH_B" -B 64 -f "tcp and not port $2" -w "$CAP_FILE" >"$CAP_LOG" 2>&1 &
+        tshark -n -i "$VETH_B" -B 64 -f "${3:-tcp and not port $2}" -w "$CAP_FILE" >"$CAP_LOG" 2>&1 &
     CAP_PID=$!
     COMPAT_BG_PIDS+=("$CAP_PID")
     local i=0
@@ -223,20 +224,57 @@ decode() {
     [ "$bad" -eq 0 ] || why="${why:+$why, }$bad bad CRC(s)"
     [ "$nbad" -eq 0 ] || why="${why:+$why, }malformed packets or iWARP expert warnings"
     [ "$nundec" -eq 0 ] || why="${why:+$why, }$nundec frame(s) of undecoded TCP payload"
+    verdict "$name" "$file" "$why" || {
+        [ "$nbad" -eq 0 ] || show_log "$base.bad" "malformed packets, expert warnings and errors (protocol group count summary)"
+        [ "$nundec" -eq 0 ] || show_log "$base.undecoded" "frames with undecoded TCP payload"
+    }
+}
+
+# verdict NAME FILE WHY: pass, or fail with WHY (and dropped packets, which
+# fail any capture); 1 when failed.
+verdict() {
+    local why=$3
     if grep -qiE '[1-9][0-9]* packets? dropped' "$CAP_LOG"; then
         why="${why:+$why, }capture dropped packets: $(grep -iE 'dropped' "$CAP_LOG" | tr '\n' ' ')"
     fi
     if [ -z "$why" ]; then
-        pass "$name: wire format"
-        return
+        pass "$1: wire format"
+        return 0
     fi
-    fail "$name: wire format" "$why"
-    [ "$nbad" -eq 0 ] || show_log "$base.bad" "malformed packets, expert warnings and errors (protocol group count summary)"
-    [ "$nundec" -eq 0 ] || show_log "$base.undecoded" "frames with undecoded TCP payload"
-    log "  capture: $file (kept with COMPAT_KEEP_LOGS=1)"
+    fail "$1: wire format" "$why"
+    log "  capture: $2 (kept with COMPAT_KEEP_LOGS=1)"
+    return 1
 }
 
-# name | program and arguments (both sides) | GID flag | expected RDMAP messages
+# decode_ud NAME FILE: a capture of UD datagrams (docs/wire-protocol.md).
+# Each UDP port in it is a QP's: all are decoded as RoCEv2 (InfiniBand over
+# UDP).  Every datagram must be a UD Send (BTH opcode 0x64 or 0x65, with a
+# DETH), with no malformed packet or expert warning, and none dropped by
+# the capture.
+decode_ud() {
+    local name=$1 file=$2 base=${2%.pcapng} p nudp nud nbad why="" dargs=()
+    for p in $(tshark -r "$file" -T fields -e udp.dstport 2>/dev/null | sort -u); do
+        dargs+=(-d "udp.port==$p,infiniband")
+    done
+    nudp=$(tshark -r "$file" -Y udp 2>/dev/null | grep -c .)
+    nud=$(tshark -r "$file" "${dargs[@]}" -Y \
+        'infiniband.deth && (infiniband.bth.opcode == 100 || infiniband.bth.opcode == 101)' \
+        2>/dev/null | grep -c .)
+    { tshark -r "$file" "${dargs[@]}" -q -z expert,warn 2>/dev/null |
+          awk '$1 ~ /^[0-9]+$/ && NF >= 4 && $3 != "TCP"' # (the probe's reset)
+      tshark -r "$file" "${dargs[@]}" -Y _ws.malformed 2>/dev/null; } >"$base.bad"
+    nbad=$(grep -c . "$base.bad")
+    log "  capture: $(grep -oE '^[0-9]+ packets? captured' "$CAP_LOG" | grep -oE '^[0-9]+' || echo '?') packets"
+    log "  UDP datagrams: $nudp; UD Sends decoded: $nud; malformed or expert warnings: $nbad"
+    [ "$nudp" -ge 1 ] || why="no UDP datagram"
+    [ "$nud" -eq "$nudp" ] || why="${why:+$why, }$((nudp - nud)) datagram(s) not decoded as a UD Send"
+    [ "$nbad" -eq 0 ] || why="${why:+$why, }malformed packets or expert warnings"
+    verdict "$name" "$file" "$why" ||
+        [ "$nbad" -eq 0 ] || show_log "$base.bad" "malformed packets and expert warnings"
+}
+
+# name | program and arguments (both sides) | GID flag | expected RDMAP
+# messages, or "ud" for datagrams over UDP
 CASES=(
     "rc_pingpong|ibv_rc_pingpong -n 200|-g|send"
     "write_bw|ib_write_bw -d $DEV -F -n 200|-x|write"
@@ -245,6 +283,8 @@ CASES=(
     "read_bw_both_ways|ib_read_bw -d $DEV -F -b -s 1048576 -n 40|-x|read"
     "uc_pingpong|ibv_uc_pingpong -n 200|-g|send"
     "xrc_send_bw|ib_send_bw -d $DEV -F -c XRC -n 200|-x|send"
+    "ud_pingpong|ibv_ud_pingpong -n 200 -s 2048|-g|ud"
+    "ud_send_lat|ib_send_lat -d $DEV -F -c UD -n 200|-x|ud"
 )
 
 log "tshark: $(tshark --version 2>/dev/null | head -n 1)"
@@ -261,7 +301,9 @@ for c in "${CASES[@]}"; do
     budget_left "$name" || continue
     port=$(free_port "$port")
     log "== $name"
-    if ! capture_start "$cname" "$port"; then
+    filter=""
+    [ "$expect" = ud ] && filter="udp or tcp port 9" # (and the probe)
+    if ! capture_start "$cname" "$port" "$filter"; then
         fail "$name" "tshark did not start capturing on $VETH_B"
         continue
     fi
@@ -270,8 +312,12 @@ for c in "${CASES[@]}"; do
         "$CLI_RUN $prog -p $port $gflag $CLI_GID $SRV_IP"
     capture_stop
     pair_result "$name" ''
-    # shellcheck disable=SC2086  # the expected messages are words
-    decode "$name" "$CAP_FILE" $expect
+    if [ "$expect" = ud ]; then
+        decode_ud "$name" "$CAP_FILE"
+    else
+        # shellcheck disable=SC2086  # the expected messages are words
+        decode "$name" "$CAP_FILE" $expect
+    fi
     port=$((port + 1))
 done
 

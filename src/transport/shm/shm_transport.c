@@ -17,34 +17,33 @@
 #include <errno.h>
 #include <string.h>
 
-#include "transport/transport.h"
+#include "transport/shm/shm.h"
 #include "util/log.h"
 
 /* ---- connection ---- */
 
 #define ATTACH_WAIT_MS 1000
-/* The SRQ the peer QP h receives from, if any: found in the same memfd,
- * checked, its geometry copied.  0, or -EINVAL. */
-static int srq_attach(struct urdma_qp *qp, const struct urdma_shm_qp *h)
+int urdma_shm_srq_attach(struct urdma_shm_dest *d, struct urdma_peer *peer,
+			 uint32_t ctx_id, const struct urdma_shm_qp *h)
 {
 	uint64_t va = READ_ONCE(h->srq_va), bytes = READ_ONCE(h->srq_bytes);
 	struct urdma_shm_srq *s;
 	uint64_t avail;
 
-	qp->peer_srq = NULL;
-	qp->peer_srq_ring = NULL;
+	d->srq = NULL;
+	d->srq_ring = NULL;
 	if (!bytes)
 		return 0;
 	if (bytes < sizeof(*s) || bytes > URDMA_SHM_BLOCK_MAX || (va & 4095) ||
 	    va >> URDMA_VA_BITS)
 		return -EINVAL;
-	s = urdma_peer_ptr(qp->peer, va, &avail);
+	s = urdma_peer_ptr(peer, va, &avail);
 	if (!s || avail < bytes ||
-	    urdma_shm_srq_check(s, bytes, READ_ONCE(h->srqn), 0, qp->peer_ctx,
-				&qp->peer_srq_rq, &qp->peer_srq_pd))
+	    urdma_shm_srq_check(s, bytes, READ_ONCE(h->srqn), 0, ctx_id,
+				&d->srq_rq, &d->srq_pd))
 		return -EINVAL;
-	qp->peer_srq_ring = (uint8_t *)s + sizeof(*s);
-	qp->peer_srq = s;
+	d->srq_ring = (uint8_t *)s + sizeof(*s);
+	d->srq = s;
 	return 0;
 }
 
@@ -56,6 +55,30 @@ static uint32_t peer_kind(enum ibv_qp_type t)
 				       t;
 }
 
+int urdma_shm_rec_find(uint32_t qpn, struct urdma_qp_rec *rec)
+{
+	int ret = urdma_host_qp_find(qpn, rec);
+
+	if (!ret && (rec->size < sizeof(struct urdma_shm_qp) ||
+		     rec->size > URDMA_SHM_BLOCK_MAX || (rec->va & 4095) ||
+		     rec->va >> URDMA_VA_BITS))
+		ret = -EINVAL;
+	return ret;
+}
+
+struct urdma_shm_qp *urdma_shm_qp_map(struct urdma_peer *peer,
+				      const struct urdma_qp_rec *rec,
+				      uint32_t qpn, struct urdma_rq_geo *g)
+{
+	uint64_t avail;
+	struct urdma_shm_qp *h = urdma_peer_ptr(peer, rec->va, &avail);
+
+	if (!h || avail < rec->size ||
+	    urdma_shm_qp_check(h, rec->size, qpn, rec->ctx_id, g))
+		return NULL;
+	return h;
+}
+
 /* Find and check the peer QP: its record (of our own user's), its context
  * (connected, the hello taken), its shared block (checked, the geometry
  * copied).  0: attached; -EAGAIN: its context has not answered yet;
@@ -65,7 +88,6 @@ static int shm_attach(struct urdma_qp *qp, int wait_ms)
 	uint32_t qpn = qp->attr.dest_qp_num;
 	struct urdma_qp_rec rec;
 	struct urdma_shm_qp *h;
-	uint64_t avail;
 	int ret;
 
 	if (!qp->peer || qp->peer_stale) {
@@ -75,10 +97,7 @@ static int shm_attach(struct urdma_qp *qp, int wait_ms)
 		 * again after a pause that doubles, not at every retry. */
 		if (qp->peer_retry_ns && urdma_now_ns() < qp->peer_retry_ns)
 			return -EAGAIN;
-		ret = urdma_host_qp_find(qpn, &rec);
-		if (!ret && (rec.size < sizeof(*h) || rec.size > URDMA_SHM_BLOCK_MAX ||
-			     (rec.va & 4095) || rec.va >> URDMA_VA_BITS))
-			ret = -EINVAL;
+		ret = urdma_shm_rec_find(qpn, &rec);
 		if (ret)
 			return ret;
 		p = urdma_peer_get(rec.ctx_id);
@@ -93,13 +112,12 @@ static int shm_attach(struct urdma_qp *qp, int wait_ms)
 	ret = urdma_peer_wait(qp->peer, wait_ms);
 	if (ret)
 		goto err;
-	h = urdma_peer_ptr(qp->peer, qp->peer_va, &avail);
-	ret = -EFAULT;
-	if (!h || avail < qp->peer_size)
-		goto err;
-	ret = urdma_shm_qp_check(h, qp->peer_size, qpn, qp->peer_ctx,
-				 &qp->peer_rq);
-	if (ret)
+	rec = (struct urdma_qp_rec){ .ctx_id = qp->peer_ctx,
+				     .va = qp->peer_va,
+				     .size = qp->peer_size };
+	h = urdma_shm_qp_map(qp->peer, &rec, qpn, &qp->dst.rq);
+	ret = -EINVAL;
+	if (!h)
 		goto err;
 	/* An XRC send QP talks to an XRC target only, and only it does:
 	 * the SRQ is then named per WR (xsrq_find). */
@@ -110,13 +128,15 @@ static int shm_attach(struct urdma_qp *qp, int wait_ms)
 	if (READ_ONCE(h->qp_type) != peer_kind(qp->ibqp.qp_type) ||
 	    (qp->ibqp.qp_type == IBV_QPT_XRC_SEND && !qp->peer_xrcd))
 		goto err; /* RC talks to RC, UC to UC, XRC send to target */
-	ret = qp->peer_xrcd ? 0 : srq_attach(qp, h);
+	ret = qp->peer_xrcd ? 0 :
+			      urdma_shm_srq_attach(&qp->dst, qp->peer,
+						   qp->peer_ctx, h);
 	if (ret)
 		goto err;
-	qp->peer_ring = (uint8_t *)h + sizeof(*h);
-	qp->peer_prod = qp->peer_done = 0; /* read on first use */
+	qp->dst.ring = (uint8_t *)h + sizeof(*h);
+	qp->dst.prod = qp->dst.done = 0; /* read on first use */
 	qp->peer_pause_ns = qp->peer_retry_ns = 0;
-	__atomic_store_n(&qp->peer_qp, h, __ATOMIC_RELEASE);
+	__atomic_store_n(&qp->dst.qp, h, __ATOMIC_RELEASE);
 	return 0;
 err:
 	/* Start again from the record next time. */
@@ -158,10 +178,10 @@ static void shm_disconnect(struct urdma_qp *qp)
 {
 	urdma_xsrq_ref_drop(&qp->xsrq);
 	qp->inv_next = 0;
-	qp->peer_qp = NULL;
-	qp->peer_ring = NULL;
-	qp->peer_srq = NULL;
-	qp->peer_srq_ring = NULL;
+	qp->dst.qp = NULL;
+	qp->dst.ring = NULL;
+	qp->dst.srq = NULL;
+	qp->dst.srq_ring = NULL;
 	qp->peer_stale = false;
 	urdma_peer_set(&qp->peer, NULL);
 }
@@ -182,10 +202,10 @@ static int xsrq_find(struct urdma_qp *qp, uint32_t srqn)
 	struct urdma_xsrq_ref *r = &qp->xsrq;
 	int ret = urdma_xsrq_ref_find(r, srqn, qp->peer_xrcd);
 
-	qp->peer_srq = ret ? NULL : r->shm;
-	qp->peer_srq_ring = r->ring;
-	qp->peer_srq_rq = r->rq;
-	qp->peer_srq_pd = r->pd_id;
+	qp->dst.srq = ret ? NULL : r->shm;
+	qp->dst.srq_ring = r->ring;
+	qp->dst.srq_rq = r->rq;
+	qp->dst.srq_pd = r->pd_id;
 	return ret;
 }
 
@@ -194,7 +214,7 @@ static int xsrq_find(struct urdma_qp *qp, uint32_t srqn)
 /* Is the responder ready for us?  Also tells it to wake us when it is. */
 static bool responder_ready(struct urdma_qp *qp)
 {
-	struct urdma_shm_qp *t = qp->peer_qp;
+	struct urdma_shm_qp *t = qp->dst.qp;
 	uint32_t st = atomic_load_explicit(&t->state, memory_order_acquire);
 
 	return st == URDMA_SQPS_RTR &&
@@ -205,7 +225,7 @@ static bool responder_ready(struct urdma_qp *qp)
 /* Both QPs go to ERR: ask the responder, then the engine moves us. */
 static void responder_error(struct urdma_qp *qp)
 {
-	atomic_store(&qp->peer_qp->error_req, 1);
+	atomic_store(&qp->dst.qp->error_req, 1);
 	urdma_peer_wake(qp->peer);
 }
 
@@ -213,14 +233,14 @@ static void responder_error(struct urdma_qp *qp)
 static void responder_notify(struct urdma_qp *qp, bool solicited)
 {
 	if (qp->peer_xrcd) { /* the XRC SRQ's CQ */
-		if (urdma_rq_notify_claim(&qp->peer_srq->notify, solicited)) {
-			atomic_store(&qp->peer_srq->notify_fired, 1);
+		if (urdma_rq_notify_claim(&qp->dst.srq->notify, solicited)) {
+			atomic_store(&qp->dst.srq->notify_fired, 1);
 			urdma_peer_wake(qp->xsrq.peer);
 		}
 		return;
 	}
-	if (urdma_rq_notify_claim(&qp->peer_qp->notify, solicited)) {
-		atomic_store(&qp->peer_qp->notify_fired, 1);
+	if (urdma_rq_notify_claim(&qp->dst.qp->notify, solicited)) {
+		atomic_store(&qp->dst.qp->notify_fired, 1);
 		urdma_peer_wake(qp->peer);
 	}
 }
@@ -290,7 +310,7 @@ static bool inv_valid(struct urdma_qp *qp, uint32_t rkey)
 static int remote_span(struct urdma_qp *qp, struct urdma_swqe *w,
 		       uint32_t access, uint64_t len, struct urdma_span *sp)
 {
-	struct urdma_shm_qp *t = qp->peer_qp;
+	struct urdma_shm_qp *t = qp->dst.qp;
 
 	if (qp->inv_next && len && inv_noted(qp, w->rkey))
 		return -EINVAL;
@@ -298,80 +318,78 @@ static int remote_span(struct urdma_qp *qp, struct urdma_swqe *w,
 	/* Through an XRC target: the keys of the SRQ's context and PD. */
 	return urdma_remote_lookup(urdma_peer_shm(rpeer(qp)),
 				   READ_ONCE(t->access),
-				   qp->peer_xrcd ? qp->peer_srq_pd :
+				   qp->peer_xrcd ? qp->dst.srq_pd :
 						   READ_ONCE(t->pd_id),
 				   qp->attr.dest_qp_num, w->rkey,
 				   w->remote_addr, len, access, sp);
 }
 
-/* The receive WR a message takes: an entry of the responder QP's ring, or
- * of its SRQ's, and how to publish it. */
-struct rcv {
-	struct urdma_shm_rqe *e;
-	uint32_t idx;	  /* the ring's rq_done, or the SRQ entry's index */
-	uint32_t pd_id;	  /* the PD its SGEs are checked in */
-	uint32_t max_sge;
-};
-
-/* The responder QP's next receive WR: 0, URDMA_TX_RNR, or -1 (the ring's
- * indices are nonsense).  In the ring (busy). */
-static int take_ring(struct urdma_qp *qp, struct rcv *r)
+int urdma_shm_take_ring(struct urdma_shm_dest *d, unsigned flags,
+			struct urdma_shm_rcv *r)
 {
-	struct urdma_shm_qp *t = qp->peer_qp;
+	struct urdma_shm_qp *t = d->qp;
 	uint32_t done, prod;
 
 	/* How far the owner posted: the last value read, until the ring
 	 * looks empty by it (a cached tail, as UCX's FIFO keeps: rq_prod's
 	 * line moves to the owner with each ibv_post_recv, and reading it per
 	 * message cost 13 % of the 8 B ib_send_bw rate here).  Read again if
-	 * rq_done is not what we left it (a reset, or a scribble). */
+	 * rq_done is not what we left it (a reset, or a scribble), and
+	 * always when others write the ring too (they and a reset move it). */
 	done = atomic_load_explicit(&t->rq_done, memory_order_relaxed);
-	prod = qp->peer_prod;
-	if (done != qp->peer_done || prod - done - 1 >= qp->peer_rq.size)
-		prod = qp->peer_prod = atomic_load_explicit(
-			&t->rq_prod, memory_order_acquire);
-	if (prod - done > qp->peer_rq.size) {
+	prod = d->prod;
+	if ((flags & URDMA_RING_SHARED) || done != d->done ||
+	    prod - done - 1 >= d->rq.size)
+		prod = d->prod = atomic_load_explicit(&t->rq_prod,
+						      memory_order_acquire);
+	if (prod - done > d->rq.size) {
 		/* Indices no owner writes: someone scribbled on the ring. */
-		urdma_warn("qp %#x: the receive queue of QP %#x is corrupt "
-			   "(%u posted, %u done)", qp->ibqp.qp_num,
-			   qp->attr.dest_qp_num, prod, done);
+		urdma_warn("the receive queue of QP %#x is corrupt (%u posted, "
+			   "%u done)", READ_ONCE(t->qpn), prod, done);
 		return -1;
 	}
 	if (done == prod) {
-		/* RNR: ask for a wake-up, then look once more (UC waits for
-		 * nothing: it drops). */
-		if (qp->ibqp.qp_type != IBV_QPT_UC)
+		/* RNR: ask for a wake-up, then look once more. */
+		if (flags & URDMA_RING_RNR_WAIT)
 			atomic_store(&t->rnr_waiter, 1);
 		atomic_thread_fence(memory_order_seq_cst);
-		prod = qp->peer_prod = atomic_load_explicit(
-			&t->rq_prod, memory_order_acquire);
+		prod = d->prod = atomic_load_explicit(&t->rq_prod,
+						      memory_order_acquire);
 		if (done == prod)
 			return URDMA_TX_RNR;
 	}
-	*r = (struct rcv){ urdma_rqe_at(qp->peer_ring, &qp->peer_rq, done), done,
-			   READ_ONCE(t->pd_id), qp->peer_rq.max_sge };
+	*r = (struct urdma_shm_rcv){ urdma_rqe_at(d->ring, &d->rq, done), done,
+				     READ_ONCE(t->pd_id), d->rq.max_sge };
 	return 0;
 }
 
-/* The next receive WR of the responder's SRQ, claimed: as take_ring. */
-static int take_srq(struct urdma_qp *qp, struct rcv *r)
+void urdma_shm_ring_publish(struct urdma_shm_dest *d,
+			    const struct urdma_shm_rcv *r)
+{
+	atomic_store_explicit(&d->qp->rq_done, r->idx + 1, memory_order_release);
+	d->done = r->idx + 1;
+}
+
+int urdma_shm_take_srq(struct urdma_shm_dest *d, struct urdma_peer *owner,
+		       struct urdma_shm_rcv *r)
 {
 	bool wake;
-	int ret = urdma_srq_claim(qp->peer_srq, qp->peer_srq_ring,
-				  &qp->peer_srq_rq, &r->idx, &wake);
+	int ret = urdma_srq_claim(d->srq, d->srq_ring, &d->srq_rq, &r->idx,
+				  &wake);
 
 	if (ret == -EAGAIN)
 		return URDMA_TX_RNR;
 	if (ret) {
-		urdma_warn("qp %#x: the SRQ of QP %#x is corrupt",
-			   qp->ibqp.qp_num, qp->attr.dest_qp_num);
+		urdma_warn("the SRQ of QP %#x is corrupt", READ_ONCE(d->qp->qpn));
 		return -1;
 	}
-	if (wake)
-		urdma_peer_wake(rpeer(qp));
-	r->e = urdma_rqe_at(qp->peer_srq_ring, &qp->peer_srq_rq, r->idx);
-	r->pd_id = qp->peer_srq_pd;
-	r->max_sge = qp->peer_srq_rq.max_sge;
+	if (wake && owner)
+		urdma_peer_wake(owner);
+	else if (wake) /* our own SRQ */
+		urdma_progress_kick();
+	r->e = urdma_rqe_at(d->srq_ring, &d->srq_rq, r->idx);
+	r->pd_id = d->srq_pd;
+	r->max_sge = d->srq_rq.max_sge;
 	return 0;
 }
 
@@ -394,13 +412,13 @@ static enum urdma_tx uc_drop(struct urdma_qp *qp, const struct urdma_swqe *w,
 static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 			     enum ibv_wc_status *status)
 {
-	struct urdma_shm_qp *t = qp->peer_qp;
+	struct urdma_shm_qp *t = qp->dst.qp;
 	struct urdma_span local[URDMA_MAX_SGE + 1], dst[URDMA_MAX_SGE + 1];
 	enum ibv_wc_status rx_status = IBV_WC_SUCCESS;
 	bool is_write = w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
 	bool uc = qp->ibqp.qp_type == IBV_QPT_UC;
 	struct urdma_shm_rqe *e;
-	struct rcv r;
+	struct urdma_shm_rcv r;
 	int nl = 0, nd = 0, ret;
 	uint64_t room = 0;
 
@@ -432,7 +450,9 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 		responder_error(qp);
 		return URDMA_TX_DONE;
 	}
-	ret = qp->peer_srq ? take_srq(qp, &r) : take_ring(qp, &r);
+	ret = qp->dst.srq ? urdma_shm_take_srq(&qp->dst, rpeer(qp), &r) :
+			    urdma_shm_take_ring(&qp->dst,
+						uc ? 0 : URDMA_RING_RNR_WAIT, &r);
 	if (ret) {
 		urdma_rq_idle(t);
 		if (ret == URDMA_TX_RNR && uc)
@@ -451,7 +471,7 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 		rx_status = IBV_WC_LOC_PROT_ERR;
 		*status = IBV_WC_REM_OP_ERR;
 	} else if (room < w->byte_len) {
-		if (uc && !qp->peer_srq) { /* taken back: not published */
+		if (uc && !qp->dst.srq) { /* taken back: not published */
 			urdma_rq_idle(t);
 			return uc_drop(qp, w, "it is longer than the receive",
 				       status);
@@ -476,12 +496,10 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 	e->imm_data = w->imm_data;
 	e->wc_flags = rx_status == IBV_WC_SUCCESS ? rx_flags(w) : 0;
 	e->src_qp = qp->ibqp.qp_num;
-	if (qp->peer_srq) {
+	if (qp->dst.srq) {
 		urdma_srq_publish(e, r.idx, qp->attr.dest_qp_num);
 	} else {
-		atomic_store_explicit(&t->rq_done, r.idx + 1,
-				      memory_order_release);
-		qp->peer_done = r.idx + 1;
+		urdma_shm_ring_publish(&qp->dst, &r);
 	}
 	urdma_rq_idle(t);
 	if (uc && rx_status != IBV_WC_WR_FLUSH_ERR) {
@@ -608,7 +626,7 @@ static enum urdma_tx shm_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	enum urdma_tx r;
 	int ret;
 
-	if (!__atomic_load_n(&qp->peer_qp, __ATOMIC_ACQUIRE)) {
+	if (!__atomic_load_n(&qp->dst.qp, __ATOMIC_ACQUIRE)) {
 		ret = shm_attach(qp, 0); /* not there at RTR: look again */
 		if (ret) {
 			if (ret != -EAGAIN)
@@ -625,9 +643,9 @@ static enum urdma_tx shm_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	ret = xsrq_find(qp, w->xrc_srqn);
 	if (ret == -EAGAIN)
 		return URDMA_TX_NOT_READY;
-	xs = qp->peer_srq;
+	xs = qp->dst.srq;
 	if (ret || !urdma_xsrq_enter(&qp->xsrq)) {
-		qp->peer_srq = NULL;
+		qp->dst.srq = NULL;
 		*status = IBV_WC_REM_INV_REQ_ERR; /* no such SRQ there */
 		responder_error(qp);
 		return URDMA_TX_DONE;

@@ -1,0 +1,199 @@
+// SPDX-License-Identifier: MIT
+/*
+ * UD over shared memory: each WR's datagram goes to the QP it names, on
+ * this host, found by its record like an RC peer (shm_transport.c) and
+ * kept in a small per-QP table of destinations; ../ud.c delivers it.
+ * A QP that is not one of this user's here is left to UDP.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "transport/ud.h"
+#include "util/alloc.h"
+#include "util/log.h"
+
+#define UD_DESTS 16
+#define UD_WAIT_MS 1000		     /* a new context's hello */
+#define UD_ABSENT_NS 1000000ull	     /* no such QP: look again after */
+#define UD_SILENT_NS 1000000000ull   /* its context did not answer */
+#define QKEY_CONTROLLED 0x80000000u
+
+enum { DEST_FREE, DEST_LIVE, DEST_ABSENT };
+
+struct ud_dest {
+	uint32_t qpn;
+	uint32_t state; /* DEST_* */
+	uint64_t used;	/* for eviction: the table's clock when last used */
+	uint64_t retry_ns; /* DEST_ABSENT: until when */
+	struct urdma_peer *peer;
+	struct urdma_shm_dest d;
+};
+
+struct urdma_ud_dests {
+	uint64_t clock;
+	struct ud_dest e[UD_DESTS];
+};
+
+static void dest_forget(struct ud_dest *u)
+{
+	urdma_peer_set(&u->peer, NULL);
+	memset(&u->d, 0, sizeof(u->d));
+	u->state = DEST_FREE;
+}
+
+/* Find QP qpn (of ours, on this host, a UD QP) into u: 0 or -errno. */
+static int dest_attach(struct ud_dest *u, uint32_t qpn)
+{
+	struct urdma_qp_rec rec;
+	struct urdma_shm_qp *h;
+	struct urdma_peer *p;
+	int ret = urdma_shm_rec_find(qpn, &rec);
+
+	if (ret)
+		return ret;
+	p = urdma_peer_get(rec.ctx_id);
+	if (!p)
+		return -errno;
+	urdma_peer_set(&u->peer, p);
+	ret = urdma_peer_wait(p, UD_WAIT_MS);
+	if (ret)
+		return ret;
+	h = urdma_shm_qp_map(p, &rec, qpn, &u->d.rq);
+	if (!h || READ_ONCE(h->qp_type) != IBV_QPT_UD ||
+	    urdma_shm_srq_attach(&u->d, p, rec.ctx_id, h))
+		return -EINVAL;
+	u->d.ring = (uint8_t *)h + sizeof(*h);
+	u->d.prod = u->d.done = 0;
+	u->d.gen = READ_ONCE(h->gen);
+	u->d.qp = h;
+	u->state = DEST_LIVE;
+	return 0;
+}
+
+/* The destination QP qpn, found now or before; NULL (and why) if the
+ * datagram can't go. */
+static struct ud_dest *dest_get(struct urdma_qp *qp, uint32_t qpn,
+				const char **why)
+{
+	struct urdma_ud_dests *ds = qp->ud;
+	struct ud_dest *u = NULL, *victim;
+	int ret;
+
+	if (!ds) {
+		ds = qp->ud = urdma_zalloc(sizeof(*ds));
+		if (!ds) {
+			*why = "no memory for its destination";
+			return NULL;
+		}
+	}
+	victim = &ds->e[0];
+	for (int i = 0; i < UD_DESTS; i++) {
+		struct ud_dest *x = &ds->e[i];
+
+		if (x->state != DEST_FREE && x->qpn == qpn) {
+			u = x;
+			break;
+		}
+		if (x->used < victim->used)
+			victim = x;
+	}
+	if (u && u->state == DEST_LIVE && !urdma_peer_dead(u->peer)) {
+		u->used = ++ds->clock;
+		return u;
+	}
+	if (u && u->state == DEST_ABSENT && urdma_now_ns() < u->retry_ns) {
+		*why = "no such QP of this user on this host";
+		return NULL;
+	}
+	if (!u)
+		u = victim;
+	dest_forget(u);
+	u->qpn = qpn;
+	u->used = ++ds->clock;
+	ret = dest_attach(u, qpn);
+	if (ret) {
+		dest_forget(u);
+		u->qpn = qpn;
+		u->state = DEST_ABSENT;
+		/* (a context that did not say hello in UD_WAIT_MS is not
+		 * waited for again at each WR) */
+		u->retry_ns = urdma_now_ns() +
+			      (ret == -EAGAIN ? UD_SILENT_NS : UD_ABSENT_NS);
+		*why = ret == -ENOENT ? "no such QP of this user on this host" :
+					"the QP is not a usable UD QP";
+		return NULL;
+	}
+	return u;
+}
+
+/* Send w over shared memory (ud.h). */
+enum urdma_ud_res urdma_shm_ud_send(struct urdma_qp *qp, struct urdma_swqe *w,
+				    enum ibv_wc_status *status)
+{
+	struct urdma_span local[URDMA_MAX_SGE + 1];
+	uint8_t data[URDMA_UD_MTU];
+	struct urdma_span d = { .len = sizeof(data), .ptr = data };
+	struct urdma_ud_msg m = {
+		.data = data,
+		.len = w->byte_len,
+		.qpn = w->ud_qpn,
+		/* A controlled Q_Key in the WR means our QP's own. */
+		.qkey = w->ud_qkey & QKEY_CONTROLLED ? qp->attr.qkey : w->ud_qkey,
+		.src_qp = qp->ibqp.qp_num,
+		.ud_src = qp->uctx->lid |
+			  (uint32_t)w->av.sl << URDMA_RQE_UD_SL_SHIFT |
+			  (w->av.is_global ? URDMA_RQE_UD_GRH : 0),
+		.imm = w->imm_data,
+		.with_imm = w->opcode == IBV_WR_SEND_WITH_IMM,
+		.solicited = w->send_flags & IBV_SEND_SOLICITED,
+	};
+	enum urdma_ud_res res;
+	struct ibv_grh grh;
+	struct ud_dest *u;
+	const char *why = NULL;
+	int tell, nl = 0;
+
+	/* Out of our memory first: what fails inside the receiver's ring is
+	 * then the receiver's. */
+	*status = urdma_local_spans(qp, w, local, &nl, 0);
+	if (*status == IBV_WC_SUCCESS &&
+	    urdma_copy_spans(NULL, &d, 1, NULL, local, nl, w->byte_len))
+		*status = IBV_WC_LOC_PROT_ERR;
+	if (*status != IBV_WC_SUCCESS)
+		return URDMA_UD_DONE;
+	if (w->av.is_global) {
+		urdma_grh_build(qp->uctx, &w->av, w->byte_len, &grh);
+		m.grh = &grh;
+	}
+	/* A QP found before may be gone, its number another's now: look
+	 * again, once. */
+	for (int tries = 0; tries < 2; tries++) {
+		u = dest_get(qp, w->ud_qpn, &why);
+		if (!u)
+			return URDMA_UD_GONE; /* not one of ours here: UDP */
+		res = urdma_ud_deliver(&u->d, u->peer, urdma_peer_shm(u->peer),
+				       &m, &tell, &why);
+		if (res == URDMA_UD_DONE) {
+			if (tell)
+				urdma_peer_wake(u->peer);
+			return res;
+		}
+		if (res != URDMA_UD_GONE)
+			break;
+		dest_forget(u);
+	}
+	qp->ud_drops++;
+	urdma_dbg("qp %#x: datagram %#llx to QP %#x dropped: %s",
+		  qp->ibqp.qp_num, (unsigned long long)w->wr_id, w->ud_qpn, why);
+	return URDMA_UD_DONE;
+}
+
+void urdma_shm_ud_forget(struct urdma_qp *qp)
+{
+	if (!qp->ud)
+		return;
+	for (int i = 0; i < UD_DESTS; i++)
+		dest_forget(&qp->ud->e[i]);
+	urdma_free(qp->ud);
+	qp->ud = NULL;
+}

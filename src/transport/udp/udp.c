@@ -1,0 +1,469 @@
+// SPDX-License-Identifier: MIT
+/*
+ * UD datagrams between hosts: RoCEv2's framing over UDP (roce.h).
+ *
+ * An unprivileged process can't own UDP port 4791, so each process
+ * receives on ports of its own, as the TCP transport listens: a UD QP's
+ * number is port << 8 | index, the port that of one of the process's UDP
+ * sockets (each serves 256 QPs; a socket is opened for the first and
+ * closed with the last).  A sender sends to the destination GID's address
+ * (an IPv4-mapped GID is an IPv4 address; a GID of this host, or an
+ * address handle by LID, loopback) at the port the destination QPN names.
+ *
+ * Receiving: the progress thread watches each socket; ibv_poll_cq on a
+ * UD QP's CQ also reads its socket when datagrams came in the last
+ * second, so a polling program needs no thread switch.  A datagram is
+ * parsed and checked (roce.c), then delivered into the QP's own receive
+ * queue as a sender over shared memory would (../ud.c), with a GRH made
+ * of its IP addresses, as RoCEv2's receivers report one.  Malformed
+ * datagrams, and those for no QP, are dropped and counted.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "transport/ud.h"
+#include "transport/udp/roce.h"
+#include "util/alloc.h"
+#include "util/log.h"
+
+#define UDP_SOCKS 256
+#define UDP_QPS 256
+#define UDP_ACTIVE_NS 1000000000ull /* polls read a socket this long after a datagram */
+#define UDP_SEND_WAIT_MS 100	     /* for room in a full socket */
+#define UDP_RX_BATCH 64		     /* datagrams per read pass */
+#define UDP_RCVBUF (8 << 20)
+
+struct udp_sock {
+	struct urdma_watcher w;
+	int fd;
+	uint16_t port;
+	int nqps;
+	bool taken[UDP_QPS];
+	/* The QPs datagrams go to: set and cleared under both U.lock and
+	 * qp_lock; a delivery holds qp_lock, so the QP outlives it. */
+	struct urdma_qp *qp[UDP_QPS];
+	pthread_mutex_t qp_lock;
+	pthread_mutex_t rx_lock;      /* one reader; buf */
+	_Atomic uint64_t last_rx_ns;
+	_Atomic uint64_t drops[ROCE_NERR + 1]; /* [ROCE_NERR]: no such QP */
+	uint8_t buf[ROCE_HDR_MAX + URDMA_UD_MTU + ROCE_ICRC + 64];
+};
+
+static struct {
+	pthread_mutex_t lock;
+	struct udp_sock *s[UDP_SOCKS];
+} U = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static const char *const drop_names[ROCE_NERR + 1] = {
+	[ROCE_SHORT] = "too short", [ROCE_OPCODE] = "not a UD Send",
+	[ROCE_VERSION] = "an unknown header version",
+	[ROCE_PKEY] = "another partition", [ROCE_PAD] = "a bad pad count",
+	[ROCE_LONG] = "longer than the MTU", [ROCE_CRC] = "a bad CRC",
+	[ROCE_NERR] = "for no QP of ours",
+};
+
+static void sock_drop(struct udp_sock *s, int why)
+{
+	atomic_fetch_add_explicit(&s->drops[why], 1, memory_order_relaxed);
+	urdma_dbg("udp: port %u: a datagram dropped: %s", s->port,
+		  drop_names[why]);
+}
+
+/* ---- receiving ---- */
+
+/* The 16-byte GID of address sa (IPv6, or IPv4 mapped). */
+static void addr_gid(const struct sockaddr_in6 *sa, union ibv_gid *gid)
+{
+	memcpy(gid->raw, &sa->sin6_addr, 16);
+}
+
+/* Our own address a datagram came to, from its control messages. */
+static void pkt_dest(struct msghdr *mh, union ibv_gid *gid)
+{
+	memset(gid, 0, sizeof(*gid));
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c)) {
+		if (c->cmsg_level == IPPROTO_IPV6 &&
+		    c->cmsg_type == IPV6_PKTINFO) {
+			struct in6_pktinfo pi;
+
+			memcpy(&pi, CMSG_DATA(c), sizeof(pi));
+			memcpy(gid->raw, &pi.ipi6_addr, 16);
+		} else if (c->cmsg_level == IPPROTO_IP &&
+			   c->cmsg_type == IP_PKTINFO) {
+			struct in_pktinfo pi;
+
+			memcpy(&pi, CMSG_DATA(c), sizeof(pi));
+			gid->raw[10] = gid->raw[11] = 0xff;
+			memcpy(&gid->raw[12], &pi.ipi_addr, 4);
+		}
+	}
+}
+
+/* A UD QP of ours as a destination: its own block, ring and SRQ. */
+static void own_dest(struct urdma_qp *qp, struct urdma_shm_dest *d)
+{
+	*d = (struct urdma_shm_dest){
+		.qp = qp->shm,
+		.ring = (uint8_t *)qp->shm + sizeof(*qp->shm),
+		.rq = qp->rq,
+		.gen = qp->shm->gen,
+	};
+	/* (qp->srq stays while the QP is bound: qpn_unbind comes first) */
+	if (qp->srq) {
+		d->srq = qp->srq->shm;
+		d->srq_ring = qp->srq->ring;
+		d->srq_rq = qp->srq->rq;
+		d->srq_pd = to_upd(qp->srq->ibsrq.pd)->id;
+	}
+}
+
+/* Datagram m, from `from` to our address `to`, into its QP. */
+static void sock_deliver(struct udp_sock *s, const struct roce_ud *m,
+			 const struct sockaddr_in6 *from, const union ibv_gid *to)
+{
+	struct urdma_shm_dest d;
+	struct urdma_qp *qp;
+	const char *why = NULL;
+	struct ibv_grh grh = {
+		.version_tclass_flow = htobe32(6u << 28),
+		.paylen = htobe16((uint16_t)(m->len + ROCE_BTH + ROCE_DETH +
+					     ROCE_ICRC)),
+		.next_hdr = 0x1b,
+		.hop_limit = 64,
+		.dgid = *to,
+	};
+	struct urdma_ud_msg msg = {
+		.data = m->payload,
+		.len = m->len,
+		.grh = &grh,
+		.qpn = m->dest_qp,
+		.qkey = m->qkey,
+		.src_qp = m->src_qp,
+		.ud_src = URDMA_RQE_UD_GRH, /* (no LID, SL 0) */
+		.imm = m->imm,
+		.with_imm = m->opcode == ROCE_UD_SEND_ONLY_IMM,
+		.solicited = m->solicited,
+	};
+	int tell = 0;
+
+	addr_gid(from, &grh.sgid);
+	pthread_mutex_lock(&s->qp_lock);
+	qp = s->qp[m->dest_qp & (UDP_QPS - 1)];
+	if (!qp || qp->ibqp.qp_num != m->dest_qp) {
+		pthread_mutex_unlock(&s->qp_lock);
+		sock_drop(s, ROCE_NERR);
+		return;
+	}
+	own_dest(qp, &d);
+	if (urdma_ud_deliver(&d, NULL, qp->uctx->shm, &msg, &tell, &why) !=
+	    URDMA_UD_DONE)
+		urdma_dbg("udp: qp %#x: a datagram from QP %#x dropped: %s",
+			  m->dest_qp, m->src_qp, why);
+	else if (tell == URDMA_UD_NOTIFY)
+		urdma_qp_notify_recv(qp);
+	else if (tell == URDMA_UD_ERROR)
+		urdma_progress_kick();
+	pthread_mutex_unlock(&s->qp_lock);
+}
+
+/* Read what the socket has, up to a batch.  One reader at a time. */
+static void sock_rx(struct udp_sock *s)
+{
+	if (pthread_mutex_trylock(&s->rx_lock))
+		return;
+	for (int k = 0; k < UDP_RX_BATCH; k++) {
+		union {
+			char buf[CMSG_SPACE(sizeof(struct in6_pktinfo)) +
+				 CMSG_SPACE(sizeof(struct in_pktinfo))];
+			struct cmsghdr align;
+		} cm;
+		struct sockaddr_in6 from;
+		struct iovec iov = { s->buf, sizeof(s->buf) };
+		struct msghdr mh = { .msg_name = &from,
+				     .msg_namelen = sizeof(from),
+				     .msg_iov = &iov,
+				     .msg_iovlen = 1,
+				     .msg_control = cm.buf,
+				     .msg_controllen = sizeof(cm.buf) };
+		struct roce_ud m;
+		union ibv_gid to;
+		enum roce_err err;
+		ssize_t n = recvmsg(s->fd, &mh, MSG_DONTWAIT);
+
+		if (n < 0)
+			break;
+		atomic_store_explicit(&s->last_rx_ns, urdma_now_ns(),
+				      memory_order_relaxed);
+		if (mh.msg_flags & MSG_TRUNC) {
+			sock_drop(s, ROCE_LONG);
+			continue;
+		}
+		err = roce_parse(s->buf, (size_t)n, &m);
+		if (err) {
+			sock_drop(s, err);
+			continue;
+		}
+		pkt_dest(&mh, &to);
+		sock_deliver(s, &m, &from, &to);
+	}
+	pthread_mutex_unlock(&s->rx_lock);
+}
+
+static void sock_cb(struct urdma_watcher *w, uint32_t events)
+{
+	(void)events;
+	sock_rx(container_of(w, struct udp_sock, w));
+}
+
+void urdma_udp_poll(struct urdma_qp *qp)
+{
+	struct udp_sock *s = qp->tr_priv;
+
+	if (s && urdma_now_ns() - atomic_load_explicit(&s->last_rx_ns,
+						       memory_order_relaxed) <
+			 UDP_ACTIVE_NS)
+		sock_rx(s);
+}
+
+/* ---- sockets and QP numbers ---- */
+
+static void sock_release(struct urdma_watcher *w)
+{
+	struct udp_sock *s = container_of(w, struct udp_sock, w);
+	uint64_t total = 0;
+
+	for (int i = 0; i <= ROCE_NERR; i++)
+		total += atomic_load(&s->drops[i]);
+	if (total)
+		urdma_info("udp: port %u: %llu malformed or unknown datagrams "
+			   "dropped", s->port, (unsigned long long)total);
+	close(s->fd);
+	pthread_mutex_destroy(&s->rx_lock);
+	pthread_mutex_destroy(&s->qp_lock);
+	urdma_free(s);
+}
+
+static struct udp_sock *sock_new(void)
+{
+	struct sockaddr_in6 sa = { .sin6_family = AF_INET6,
+				   .sin6_addr = IN6ADDR_ANY_INIT };
+	socklen_t len = sizeof(sa);
+	struct udp_sock *s = urdma_zalloc(sizeof(*s));
+	int zero = 0, one = 1, rcvbuf = UDP_RCVBUF;
+
+	if (!s)
+		return NULL;
+	s->w.fn = sock_cb;
+	s->w.release = sock_release;
+	pthread_mutex_init(&s->rx_lock, NULL);
+	pthread_mutex_init(&s->qp_lock, NULL);
+	s->fd = socket(AF_INET6, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (s->fd < 0)
+		goto err;
+	setsockopt(s->fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+	/* Room for a burst: UD has no flow control, and what the socket
+	 * can't hold is lost.  Beyond net.core.rmem_max only with
+	 * CAP_NET_ADMIN. */
+	if (setsockopt(s->fd, SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf,
+		       sizeof(rcvbuf)))
+		setsockopt(s->fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+	setsockopt(s->fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one));
+	setsockopt(s->fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one));
+	if (bind(s->fd, (struct sockaddr *)&sa, sizeof(sa)) ||
+	    getsockname(s->fd, (struct sockaddr *)&sa, &len))
+		goto err_close;
+	s->port = ntohs(sa.sin6_port);
+	if (urdma_progress_watch_events(s->fd, EPOLLIN, URDMA_WATCH_FN, &s->w,
+					false))
+		goto err_close;
+	urdma_dbg("udp: datagrams on port %u", s->port);
+	return s;
+err_close:
+	close(s->fd);
+err:
+	urdma_warn("udp: no socket: %m; UD QPs of this process are not "
+		   "reachable from other hosts");
+	pthread_mutex_destroy(&s->rx_lock);
+	pthread_mutex_destroy(&s->qp_lock);
+	urdma_free(s);
+	return NULL;
+}
+
+static struct udp_sock *sock_of(uint32_t qpn)
+{
+	for (int i = 0; i < UDP_SOCKS; i++)
+		if (U.s[i] && U.s[i]->port == qpn >> 8)
+			return U.s[i];
+	return NULL;
+}
+
+int urdma_udp_qpn_reserve(uint32_t *qpn)
+{
+	int ret = -ENOSPC;
+
+	pthread_mutex_lock(&U.lock);
+	for (int i = 0; i < UDP_SOCKS && ret; i++) {
+		struct udp_sock *s = U.s[i];
+
+		if (!s) {
+			s = U.s[i] = sock_new();
+			if (!s) {
+				ret = -EADDRNOTAVAIL;
+				break;
+			}
+		}
+		for (int k = 0; k < UDP_QPS; k++) {
+			if (s->taken[k])
+				continue;
+			s->taken[k] = true;
+			s->nqps++;
+			*qpn = (uint32_t)s->port << 8 | k;
+			ret = 0;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&U.lock);
+	return ret;
+}
+
+void urdma_udp_qpn_bind(struct urdma_qp *qp)
+{
+	struct udp_sock *s;
+
+	pthread_mutex_lock(&U.lock);
+	s = sock_of(qp->ibqp.qp_num);
+	if (s) {
+		pthread_mutex_lock(&s->qp_lock);
+		s->qp[qp->ibqp.qp_num & (UDP_QPS - 1)] = qp;
+		pthread_mutex_unlock(&s->qp_lock);
+		qp->tr_priv = s;
+	}
+	pthread_mutex_unlock(&U.lock);
+}
+
+void urdma_udp_qpn_unbind(struct urdma_qp *qp)
+{
+	struct udp_sock *s;
+
+	pthread_mutex_lock(&U.lock);
+	s = sock_of(qp->ibqp.qp_num);
+	if (s) {
+		pthread_mutex_lock(&s->qp_lock);
+		s->qp[qp->ibqp.qp_num & (UDP_QPS - 1)] = NULL;
+		pthread_mutex_unlock(&s->qp_lock);
+	}
+	pthread_mutex_unlock(&U.lock);
+}
+
+/* The QP is gone: its number is free; the last one closes the socket. */
+void urdma_udp_qpn_release(uint32_t qpn)
+{
+	struct udp_sock *s;
+
+	pthread_mutex_lock(&U.lock);
+	s = sock_of(qpn);
+	if (s) {
+		pthread_mutex_lock(&s->qp_lock);
+		s->qp[qpn & (UDP_QPS - 1)] = NULL;
+		pthread_mutex_unlock(&s->qp_lock);
+		s->taken[qpn & (UDP_QPS - 1)] = false;
+		if (--s->nqps == 0) {
+			for (int i = 0; i < UDP_SOCKS; i++)
+				if (U.s[i] == s)
+					U.s[i] = NULL;
+			urdma_progress_retire(s->fd, &s->w);
+		}
+	}
+	pthread_mutex_unlock(&U.lock);
+}
+
+/* ---- sending ---- */
+
+/* Where a datagram to av goes: the GID's address, loopback for one of
+ * ours or an address by LID (this host, ud.c); the port QPN qpn names. */
+static void dest_addr(struct urdma_qp *qp, const struct urdma_av *av,
+		      uint32_t qpn, struct sockaddr_in6 *sa)
+{
+	*sa = (struct sockaddr_in6){ .sin6_family = AF_INET6,
+				     .sin6_port = htons((uint16_t)(qpn >> 8)) };
+	if (av->is_global && !urdma_gid_is_local(qp->uctx, av->dgid)) {
+		memcpy(&sa->sin6_addr, av->dgid, 16);
+	} else {
+		sa->sin6_addr.s6_addr[10] = sa->sin6_addr.s6_addr[11] = 0xff;
+		sa->sin6_addr.s6_addr[12] = 127;
+		sa->sin6_addr.s6_addr[15] = 1;
+	}
+}
+
+enum urdma_tx urdma_udp_send(struct urdma_qp *qp, struct urdma_swqe *w,
+			     enum ibv_wc_status *status)
+{
+	static const uint8_t zeros[4];
+	struct urdma_span local[URDMA_MAX_SGE + 1];
+	uint8_t h[ROCE_HDR_MAX], data[URDMA_UD_MTU], trailer[4];
+	struct urdma_span d = { .len = sizeof(data), .ptr = data };
+	struct udp_sock *s = qp->tr_priv;
+	struct roce_ud m = {
+		.opcode = w->opcode == IBV_WR_SEND_WITH_IMM ?
+				  ROCE_UD_SEND_ONLY_IMM :
+				  ROCE_UD_SEND_ONLY,
+		.solicited = w->send_flags & IBV_SEND_SOLICITED,
+		.dest_qp = w->ud_qpn,
+		.psn = qp->attr.sq_psn++ & 0xffffff,
+		/* A controlled Q_Key in the WR means our QP's own. */
+		.qkey = w->ud_qkey & 0x80000000u ? qp->attr.qkey : w->ud_qkey,
+		.src_qp = qp->ibqp.qp_num,
+		.imm = w->imm_data,
+		.len = w->byte_len,
+	};
+	struct sockaddr_in6 sa;
+	struct iovec iov[4];
+	struct msghdr mh = { .msg_name = &sa, .msg_namelen = sizeof(sa),
+			     .msg_iov = iov, .msg_iovlen = 4 };
+	uint32_t pad, crc;
+	size_t hlen;
+	int nl = 0;
+	ssize_t n;
+
+	*status = urdma_local_spans(qp, w, local, &nl, 0);
+	if (*status != IBV_WC_SUCCESS)
+		return URDMA_TX_DONE;
+	if (urdma_copy_spans(NULL, &d, 1, NULL, local, nl, w->byte_len)) {
+		*status = IBV_WC_LOC_PROT_ERR;
+		return URDMA_TX_DONE;
+	}
+	if (!s || !(w->ud_qpn >> 8)) {
+		qp->ud_drops++;
+		return URDMA_TX_DONE;
+	}
+	dest_addr(qp, &w->av, w->ud_qpn, &sa);
+	hlen = roce_build(&m, h, &pad);
+	crc = htobe32(roce_crc(h, hlen, data, w->byte_len, pad));
+	memcpy(trailer, &crc, 4);
+	iov[0] = (struct iovec){ h, hlen };
+	iov[1] = (struct iovec){ data, w->byte_len };
+	iov[2] = (struct iovec){ (void *)zeros, pad };
+	iov[3] = (struct iovec){ trailer, 4 };
+	n = sendmsg(s->fd, &mh, MSG_DONTWAIT);
+	if (n < 0 && (errno == EAGAIN || errno == ENOBUFS)) {
+		/* The socket is full: wait a little for room, as a NIC's
+		 * queue would hold the packet. */
+		struct pollfd pf = { .fd = s->fd, .events = POLLOUT };
+
+		if (poll(&pf, 1, UDP_SEND_WAIT_MS) > 0)
+			n = sendmsg(s->fd, &mh, MSG_DONTWAIT);
+	}
+	if (n < 0) {
+		qp->ud_drops++;
+		urdma_dbg("udp: qp %#x: datagram %#llx to QP %#x not sent: %m",
+			  qp->ibqp.qp_num, (unsigned long long)w->wr_id,
+			  w->ud_qpn);
+	}
+	return URDMA_TX_DONE;
+}
