@@ -48,6 +48,26 @@ void urdma_qp_enter_error(struct urdma_qp *qp)
 	 * deliverer is inside it (urdma_rq_flush). */
 }
 
+/* A send WR failed: the QP goes to ERR, but a UD QP to SQE, where its
+ * send queue is flushed while its receives go on, until it is moved back
+ * to RTS (IBA 10.3.1). */
+static void sq_error(struct urdma_qp *qp)
+{
+	if (qp->ibqp.qp_type != IBV_QPT_UD) {
+		urdma_qp_enter_error(qp);
+		return;
+	}
+	qp->ibqp.state = IBV_QPS_SQE;
+	qp->attr.qp_state = IBV_QPS_SQE;
+	urdma_dbg("qp %#x -> SQE", qp->ibqp.qp_num);
+}
+
+/* Does the engine flush what it is given (ERR, SQE)? */
+static bool sq_flushing(const struct urdma_qp *qp)
+{
+	return qp->ibqp.state == IBV_QPS_ERR || qp->ibqp.state == IBV_QPS_SQE;
+}
+
 static void sq_complete(struct urdma_qp *qp, struct urdma_swqe *wqe,
 			enum ibv_wc_status status)
 {
@@ -209,7 +229,7 @@ static void sq_run(struct urdma_qp *qp)
 			d = atomic_load_explicit(&wqe->done,
 						 memory_order_acquire);
 			if (!d) {
-				if (qp->ibqp.state != IBV_QPS_ERR)
+				if (!sq_flushing(qp))
 					break;
 				d = IBV_WC_WR_FLUSH_ERR + 1;
 			}
@@ -223,16 +243,16 @@ static void sq_run(struct urdma_qp *qp)
 				/* A flush that a transport's error request
 				 * brought: the request puts the QP in ERR,
 				 * with its event (urdma_qp_set_error). */
-				if (qp->ibqp.state != IBV_QPS_ERR &&
+				if (!sq_flushing(qp) &&
 				    (d - 1 != IBV_WC_WR_FLUSH_ERR ||
 				     !atomic_load(&qp->shm->error_req)))
-					urdma_qp_enter_error(qp);
+					sq_error(qp);
 			}
 		}
 		if (qp->sq_head == qp->sq_tail)
 			break;
 		wqe = sq_slot(qp, qp->sq_head);
-		if (qp->ibqp.state == IBV_QPS_ERR) {
+		if (sq_flushing(qp)) {
 			atomic_store_explicit(&wqe->done,
 					      IBV_WC_WR_FLUSH_ERR + 1,
 					      memory_order_relaxed);

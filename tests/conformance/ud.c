@@ -283,6 +283,35 @@ static void ud_local(void *arg)
 	      "a datagram to no QP completes");
 	CHECK(t_qp_state(tx) == IBV_QPS_RTS, "the sender goes on");
 
+	/* A send error puts a UD QP in SQE: its sends are flushed, its
+	 * receives go on; RTS again, it sends. */
+	REQUIRE(ud_send(tx, 6, buf, 8, 0xbad, ah, rx->qp_num, QKEY, false) == 0, "post");
+	CHECK(t_expect_wc(r.send_cq, &wc, 6, IBV_WC_LOC_PROT_ERR, -1, "send"),
+	      "a bad lkey: a local protection error");
+	CHECK(t_qp_state(tx) == IBV_QPS_SQE, "SQE: %s", t_qp_state_str(t_qp_state(tx)));
+	REQUIRE(ud_send(tx, 7, buf, 8, mr->lkey, ah, rx->qp_num, QKEY, false) == 0,
+		"post in SQE");
+	CHECK(t_expect_wc(r.send_cq, &wc, 7, IBV_WC_WR_FLUSH_ERR, -1, "send"), "flushed in SQE");
+	{
+		struct ibv_qp *other = ud_qp(&r, NULL);
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTS, .cur_qp_state = IBV_QPS_SQE };
+
+		ud_up(other, QKEY, false);
+		REQUIRE(t_post_recv(tx, 200, buf + 8192, 256, mr->lkey) == 0, "post recv");
+		REQUIRE(ud_send(other, 8, buf, 8, mr->lkey, ah, tx->qp_num, QKEY, false) == 0,
+			"post to the QP in SQE");
+		CHECK(t_expect_wc(r.send_cq, &wc, 8, IBV_WC_SUCCESS, IBV_WC_SEND, "send"), "sent");
+		CHECK(t_expect_wc(r.recv_cq, &wc, 200, IBV_WC_SUCCESS, IBV_WC_RECV, "recv"),
+		      "the QP in SQE receives");
+		CHECK(ibv_destroy_qp(other) == 0, "destroy");
+		CHECK(ibv_modify_qp(tx, &a, IBV_QP_STATE | IBV_QP_CUR_STATE) == 0, "SQE -> RTS");
+	}
+	REQUIRE(ibv_post_srq_recv(srq, &rw, &bad) == 0, "SRQ receive");
+	REQUIRE(ud_send(tx, 9, buf, 8, mr->lkey, ah, rx->qp_num, QKEY, false) == 0, "post");
+	CHECK(t_expect_wc(r.send_cq, &wc, 9, IBV_WC_SUCCESS, IBV_WC_SEND, "send"), "sends again");
+	CHECK(t_expect_wc(r.recv_cq, &wc, 100, IBV_WC_SUCCESS, IBV_WC_RECV, "recv"),
+	      "received after SQE");
+
 	/* The receiver in RESET takes nothing. */
 	REQUIRE(t_modify_state(rx, IBV_QPS_RESET) == 0, "reset");
 	REQUIRE(ibv_post_srq_recv(srq, &rw, &bad) == 0, "SRQ receive");
