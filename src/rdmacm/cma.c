@@ -304,7 +304,17 @@ struct cma_event *cma_post(struct cma_id *cid,
 	e->ev.event = type;
 	e->ev.status = status;
 	e->owner = cid;
-	if (m) {
+	if (m && cid->id.qp_type == IBV_QPT_UD) {
+		struct rdma_ud_param *u = &e->ev.param.ud;
+
+		memcpy(e->pdata, m + 1, m->pdata_len);
+		u->private_data = m->pdata_len ? e->pdata : NULL;
+		u->private_data_len = m->pdata_len;
+		u->qp_num = ntohl(m->qpn) & 0xffffff;
+		u->qkey = ntohl(m->psn); /* (a UD message's psn is its Q_Key) */
+		if (type == RDMA_CM_EVENT_ESTABLISHED)
+			cma_ud_ah(cid, m, &u->ah_attr);
+	} else if (m) {
 		struct rdma_conn_param *p = &e->ev.param.conn;
 
 		memcpy(e->pdata, m + 1, m->pdata_len);
@@ -429,7 +439,8 @@ struct cma_id *cma_id_new(struct cma_channel *c, void *context,
 	cid->id.channel = &c->ch;
 	cid->id.context = context;
 	cid->id.ps = ps;
-	cid->id.qp_type = IBV_QPT_RC;
+	cid->id.qp_type = ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB ? IBV_QPT_UD :
+								   IBV_QPT_RC;
 	cid->id.port_num = 1;
 	cid->fd = -1;
 	cid->sync = c->sync;
@@ -460,8 +471,7 @@ EXPORT int rdma_create_id(struct rdma_event_channel *channel,
 		break;
 	case RDMA_PS_UDP:
 	case RDMA_PS_IPOIB:
-		/* UD queue pairs do not exist yet. */
-		return cma_err(EOPNOTSUPP);
+		break;
 	default:
 		return cma_err(EINVAL);
 	}
@@ -511,7 +521,7 @@ int cma_send(struct cma_id *cid, enum cma_msg_type type,
 	m->retry_count = cid->retry_count;
 	m->rnr_retry_count = cid->rnr_retry;
 	m->qpn = htonl(cid->id.qp ? cid->id.qp->qp_num : cid->qp_num);
-	m->psn = htonl(cid->psn);
+	m->psn = htonl(cid->id.qp_type == IBV_QPT_UD ? cma_ud_qkey(cid) : cid->psn);
 	gid = cid->id.route.addr.addr.ibaddr.sgid;
 	memcpy(m->gid, gid.raw, 16);
 	m->reason = htonl(reason);

@@ -124,8 +124,9 @@ EXPORT int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_para
 	pthread_mutex_unlock(&cma_lock);
 	if (!cid->sync)
 		return 0;
-	return cma_sync_wait(cid, id->qp ? RDMA_CM_EVENT_ESTABLISHED :
-					   RDMA_CM_EVENT_CONNECT_RESPONSE);
+	return cma_sync_wait(cid, id->qp || id->qp_type == IBV_QPT_UD ?
+					  RDMA_CM_EVENT_ESTABLISHED :
+					  RDMA_CM_EVENT_CONNECT_RESPONSE);
 }
 
 EXPORT int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
@@ -152,13 +153,20 @@ EXPORT int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param
 		if (cid->peer.responder_resources < cid->initiator_depth)
 			cid->initiator_depth = cid->peer.responder_resources;
 	}
-	ret = cma_qp_connect(cid);
+	/* (a UD QP is ready already: the REP tells its number and Q_Key) */
+	ret = id->qp_type == IBV_QPT_UD ? 0 : cma_qp_connect(cid);
 	if (!ret)
 		ret = cma_send(cid, CMA_REP, conn_param ? conn_param->private_data : NULL,
 			       conn_param ? conn_param->private_data_len : 0, 0);
 	if (ret) {
 		pthread_mutex_unlock(&cma_lock);
 		return cma_err(-ret);
+	}
+	if (id->qp_type == IBV_QPT_UD) { /* the exchange is over */
+		cma_close_fd(cid);
+		cid->state = CS_UD_DONE;
+		pthread_mutex_unlock(&cma_lock);
+		return 0;
 	}
 	cid->state = CS_REP_SENT;
 	pthread_mutex_unlock(&cma_lock);
@@ -389,6 +397,13 @@ static void cma_handle_msg(struct cma_id *cid, const struct cma_msg *m)
 		}
 		return;
 	case CS_REQ_SENT:
+		if (m->type == CMA_REJ && cid->id.qp_type == IBV_QPT_UD) {
+			/* As a SIDR reply that rejects: status 1. */
+			cma_close_fd(cid);
+			cid->state = CS_REJECTED;
+			cma_post(cid, RDMA_CM_EVENT_UNREACHABLE, 1, m);
+			return;
+		}
 		if (m->type == CMA_REJ) {
 			cma_close_fd(cid);
 			cid->state = CS_REJECTED;
@@ -398,6 +413,13 @@ static void cma_handle_msg(struct cma_id *cid, const struct cma_msg *m)
 		if (m->type != CMA_REP)
 			break;
 		cid->peer = *m;
+		if (cid->id.qp_type == IBV_QPT_UD) {
+			/* The peer's QP number, Q_Key and address: no RTU. */
+			cma_close_fd(cid);
+			cid->state = CS_UD_DONE;
+			cma_post(cid, RDMA_CM_EVENT_ESTABLISHED, 0, m);
+			return;
+		}
 		if (!cid->id.qp) {
 			cid->state = CS_REP_RCVD;
 			cma_post(cid, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, m);

@@ -69,6 +69,7 @@ enum cma_state {
 	CS_DISCONNECTED,
 	CS_REJECTED,    /* rdma_accept then says EINVAL, not ECONNRESET */
 	CS_FAILED,
+	CS_UD_DONE,     /* UD: the service ID exchange is over (socket closed) */
 };
 
 struct cma_channel {
@@ -180,6 +181,9 @@ int cma_bind_locked(struct cma_id *cid, const struct sockaddr *addr);
 
 /* cma_qp.c */
 int cma_qp_connect(struct cma_id *cid);
+uint32_t cma_ud_qkey(struct cma_id *cid);
+void cma_ud_ah(struct cma_id *cid, const struct cma_msg *m,
+	       struct ibv_ah_attr *ah);
 void cma_qp_error(struct cma_id *cid);
 
 /* cma_conn.c */

@@ -13,11 +13,41 @@
 
 /* ---- queue pairs -------------------------------------------------------- */
 
+/* A UD id's Q_Key: its QP's, or the port space's (RDMA_UDP_QKEY). */
+uint32_t cma_ud_qkey(struct cma_id *cid)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+
+	if (cid->id.qp && !ibv_query_qp(cid->id.qp, &a, IBV_QP_QKEY, &ia))
+		return a.qkey;
+	return RDMA_UDP_QKEY;
+}
+
+/* The address of the peer of a UD id, from its message m. */
+void cma_ud_ah(struct cma_id *cid, const struct cma_msg *m,
+	       struct ibv_ah_attr *ah)
+{
+	memset(ah, 0, sizeof(*ah));
+	ah->is_global = 1;
+	memcpy(ah->grh.dgid.raw, m->gid, 16);
+	ah->grh.sgid_index = cma_gid_index(&cid->id.route.addr.addr.ibaddr.sgid);
+	ah->grh.hop_limit = 64;
+	ah->grh.traffic_class = cid->tos;
+	ah->port_num = cid->id.port_num ? cid->id.port_num : 1;
+}
+
 static void cma_qp_attr_init(struct cma_id *cid, struct ibv_qp_attr *a, int *mask)
 {
 	a->qp_state = IBV_QPS_INIT;
 	a->pkey_index = 0;
 	a->port_num = cid->id.port_num ? cid->id.port_num : 1;
+	if (cid->id.qp_type == IBV_QPT_UD) {
+		a->qkey = RDMA_UDP_QKEY;
+		*mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+			IBV_QP_QKEY;
+		return;
+	}
 	a->qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
 			     IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
 	*mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
@@ -29,6 +59,10 @@ static void cma_qp_attr_rtr(struct cma_id *cid, struct ibv_qp_attr *a, int *mask
 	struct rdma_ib_addr *ib = &cid->id.route.addr.addr.ibaddr;
 
 	a->qp_state = IBV_QPS_RTR;
+	if (cid->id.qp_type == IBV_QPT_UD) { /* no peer */
+		*mask = IBV_QP_STATE;
+		return;
+	}
 	a->path_mtu = cma_mtu;
 	a->dest_qp_num = ntohl(cid->peer.qpn) & 0xffffff;
 	a->rq_psn = ntohl(cid->peer.psn) & 0xffffff;
@@ -49,6 +83,10 @@ static void cma_qp_attr_rts(struct cma_id *cid, struct ibv_qp_attr *a, int *mask
 {
 	a->qp_state = IBV_QPS_RTS;
 	a->sq_psn = cid->psn;
+	if (cid->id.qp_type == IBV_QPT_UD) {
+		*mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+		return;
+	}
 	a->timeout = cid->ack_timeout;
 	a->retry_cnt = cid->retry_count;
 	a->rnr_retry = cid->rnr_retry;
@@ -117,13 +155,13 @@ EXPORT int rdma_init_qp_attr(struct rdma_cm_id *id, struct ibv_qp_attr *qp_attr,
 			cma_qp_attr_init(cid, qp_attr, qp_attr_mask);
 		break;
 	case IBV_QPS_RTR:
-		if (!cid->peer.magic)
+		if (!cid->peer.magic && id->qp_type != IBV_QPT_UD)
 			ret = cma_err(EINVAL);
 		else
 			cma_qp_attr_rtr(cid, qp_attr, qp_attr_mask);
 		break;
 	case IBV_QPS_RTS:
-		if (!cid->peer.magic)
+		if (!cid->peer.magic && id->qp_type != IBV_QPT_UD)
 			ret = cma_err(EINVAL);
 		else
 			cma_qp_attr_rts(cid, qp_attr, qp_attr_mask);
@@ -185,7 +223,11 @@ static int cma_qp_created(struct cma_id *cid, struct ibv_qp *qp, struct ibv_pd *
 	cid->handle_made = qp->handle;
 	if (!cid->id.verbs)
 		cid->id.verbs = qp->context;
-	if (cma_modify(cid, cma_qp_attr_init)) {
+	/* A UD QP needs no peer: it is ready at once, as rdma-core's. */
+	if (cma_modify(cid, cma_qp_attr_init) ||
+	    (qp->qp_type == IBV_QPT_UD &&
+	     (cma_modify(cid, cma_qp_attr_rtr) ||
+	      cma_modify(cid, cma_qp_attr_rts)))) {
 		int e = errno;
 
 		ibv_destroy_qp(qp);
@@ -204,8 +246,12 @@ EXPORT int rdma_create_qp_ex(struct rdma_cm_id *id,
 
 	if (!id || !attr || id->qp)
 		return cma_err(EINVAL);
-	if (attr->qp_type != IBV_QPT_RC)
-		return cma_err(EOPNOTSUPP);
+	/* An id's QP is of its port space's kind. */
+	if (attr->qp_type != id->qp_type)
+		return cma_err(attr->qp_type == IBV_QPT_RC ||
+					       attr->qp_type == IBV_QPT_UD ?
+				       EINVAL :
+				       EOPNOTSUPP);
 	cid = to_cid(id);
 	pthread_mutex_lock(&cma_lock);
 	if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd) {

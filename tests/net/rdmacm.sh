@@ -23,7 +23,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=../rdmacm/cases.sh
 . "$HERE/../rdmacm/cases.sh"
 compat_init "${1:-}"
-for c in rping ucmatose rdma_server rdma_client cmtime rstream; do need_cmd "$c" rdmacm-utils; done
+for c in rping ucmatose udaddy rdma_server rdma_client cmtime rstream; do need_cmd "$c" rdmacm-utils; done
 for c in ib_send_bw ib_write_lat ib_read_bw; do need_cmd "$c" perftest; done
 if [ ! -e "$BUILD/lib/librdmacm.so.1" ]; then
     log "FAIL: $BUILD/lib/librdmacm.so.1 not built"
@@ -62,6 +62,8 @@ cm_cases "$SRV_IP" \
     "rping 65535 B x 100|rping:100:65535" \
     "ucmatose|ucmatose" \
     "ucmatose 4 connections 4 KiB x 50|ucmatose:-c 4 -S 4096 -C 50" \
+    "udaddy|udaddy" \
+    "udaddy 4 connections 1 KiB x 50|udaddy:-c 4 -S 1024 -C 50" \
     "rdma_server/rdma_client|rdma_cs" \
     "cmtime 50 connections|cmtime:50" \
     "ib_send_bw -R 8 MiB|perftest:ib_send_bw:-s 8388608 -n 20" \

@@ -120,8 +120,8 @@ cm_pair() {
     timeout -k 2 "$T" "${srv[@]}" >"$PAIR_SRV_LOG" 2>"$PAIR_SRV_LOG.err" &
     spid=$!
     COMPAT_BG_PIDS+=("$spid")
-    if ! wait_listen "$CASE_PORT" "$spid" 15; then
-        log "  server did not listen on TCP port $CASE_PORT"
+    if ! wait_listen "${CM_PORT:-$CASE_PORT}" "$spid" 15; then
+        log "  server did not listen on TCP port ${CM_PORT:-$CASE_PORT}"
         kill -TERM "$spid" 2>/dev/null
         wait "$spid" 2>/dev/null
         PAIR_SRV_RC=$?
@@ -212,9 +212,12 @@ PERFTEST_RACE_RE='RDMA_CM_EVENT_UNREACHABLE; error: -111'
 PERFTEST_RETRY_SECS=${PERFTEST_RETRY_SECS:-30}
 
 # cm_cmds KIND ADDR PORT: set CM_SRV and CM_CLI (program and arguments), and
-# CM_RE, CM_CHECK, CM_SHOW, CM_STAYS, CM_RETRY for the case kind:
+# CM_RE, CM_CHECK, CM_SHOW, CM_STAYS, CM_RETRY, CM_PORT (where the server
+# listens) for the case kind:
 #   rping:COUNT:SIZE     rping -s / rping -c -a ADDR, -v -V -C COUNT -S SIZE
 #   ucmatose[:ARGS]      ucmatose ARGS / ucmatose ARGS -s ADDR (ARGS: "-c 4 -S 4096")
+#   udaddy[:ARGS]        udaddy ARGS / udaddy ARGS -s ADDR (RDMA_PS_UDP ids, UD
+#                        QPs; on its own port, 7174: its -p is the port space)
 #   rdma_cs              rdma_server / rdma_client -s ADDR
 #   cmtime:CONNS         cmtime -c CONNS / cmtime -c CONNS -s ADDR (server stopped after)
 #   perftest:TEST[:ARGS] TEST ARGS -R -F / TEST ARGS -R -F ADDR (ib_send_bw, ...)
@@ -223,6 +226,7 @@ PERFTEST_RETRY_SECS=${PERFTEST_RETRY_SECS:-30}
 cm_cmds() {
     local kind=$1 addr=$2 p=$3 args
     CM_RE=""
+    CM_PORT=$p
     CM_STAYS=0
     CM_RETRY=0
     case $kind in
@@ -235,6 +239,10 @@ cm_cmds() {
         ucmatose*)
             args=${kind#ucmatose}; args=${args#:}
             CM_SRV="ucmatose $args -p $p"; CM_CLI="ucmatose $args -p $p -s $addr"
+            CM_CHECK=ucmatose_ok; CM_SHOW=show_ucmatose ;;
+        udaddy*) # (the same output as ucmatose's)
+            args=${kind#udaddy}; args=${args#:}
+            CM_SRV="udaddy $args"; CM_CLI="udaddy $args -s $addr"; CM_PORT=7174
             CM_CHECK=ucmatose_ok; CM_SHOW=show_ucmatose ;;
         rdma_cs)
             CM_SRV="rdma_server -p $p"; CM_CLI="rdma_client -p $p -s $addr"
@@ -315,6 +323,8 @@ cm_all_cases() {
         "rping 65535 B x 100|rping:100:65535" \
         "ucmatose|ucmatose" \
         "ucmatose 4 connections 4 KiB x 50|ucmatose:-c 4 -S 4096 -C 50" \
+        "udaddy|udaddy" \
+        "udaddy 4 connections 1 KiB x 50|udaddy:-c 4 -S 1024 -C 50" \
         "rdma_server/rdma_client|rdma_cs" \
         "cmtime 50 connections|cmtime:50" \
         "ib_send_bw -R|perftest:ib_send_bw" \

@@ -500,6 +500,136 @@ static void reject_with_private_data(void *arg)
 	end_free(&l);
 }
 
+/* ---- UD: RDMA_PS_UDP ids ---------------------------------------------- */
+
+/* A UD QP on a UDP id: ready (RTS) at once, with the port space's Q_Key. */
+static void ud_end(struct end *e, struct rdma_cm_id *id)
+{
+	struct ibv_qp_init_attr a = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
+			 .max_recv_sge = 1 },
+	};
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+
+	e->pd = ibv_alloc_pd(id->verbs);
+	e->cq = ibv_create_cq(id->verbs, 64, NULL, NULL, 0);
+	REQUIRE(e->pd && e->cq, "pd/cq");
+	a.send_cq = a.recv_cq = e->cq;
+	errno = 0;
+	CHECK(rdma_create_qp(id, e->pd, &a) == -1 && errno == EINVAL,
+	      "an RC QP on a UDP id: %s", strerror(errno));
+	a.qp_type = IBV_QPT_UD;
+	REQUIRE(rdma_create_qp(id, e->pd, &a) == 0, "rdma_create_qp UD: %s", strerror(errno));
+	CHECK(ibv_query_qp(id->qp, &qa, IBV_QP_STATE | IBV_QP_QKEY, &qi) == 0 &&
+		      qa.qp_state == IBV_QPS_RTS && qa.qkey == RDMA_UDP_QKEY,
+	      "the UD QP: %s, Q_Key %#x", t_qp_state_str(qa.qp_state), qa.qkey);
+	e->mr = ibv_reg_mr(e->pd, e->buf, sizeof(e->buf), IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(e->mr, "ibv_reg_mr");
+}
+
+/* udaddy's exchange: the client's ESTABLISHED carries the server QP's
+ * number, Q_Key and an address handle that reaches it; the server has no
+ * ESTABLISHED; a datagram goes through.  Then a rejected request. */
+static void ud_service_id(void *arg)
+{
+	struct end l = { 0 }, c = { 0 }, s = { 0 };
+	struct sockaddr_in sin = test_addr(0), dst;
+	struct rdma_conn_param cp = { .private_data = "udp?", .private_data_len = 5 };
+	struct rdma_cm_event *ev;
+	struct ibv_ah *ah = NULL;
+	struct ibv_wc wc;
+	uint32_t rqpn = 0, rqkey = 0;
+
+	l.ch = rdma_create_event_channel();
+	REQUIRE(l.ch && rdma_create_id(l.ch, &l.id, NULL, RDMA_PS_UDP) == 0,
+		"a UDP id: %s", strerror(errno));
+	CHECK(l.id->qp_type == IBV_QPT_UD && l.id->ps == RDMA_PS_UDP, "id qp_type %d",
+	      l.id->qp_type);
+	REQUIRE(rdma_bind_addr(l.id, (struct sockaddr *)&sin) == 0 && rdma_listen(l.id, 8) == 0,
+		"listen");
+	dst = test_addr(ntohs(rdma_get_src_port(l.id)));
+	c.ch = rdma_create_event_channel();
+	REQUIRE(c.ch && rdma_create_id(c.ch, &c.id, NULL, RDMA_PS_UDP) == 0, "client id");
+	REQUIRE(rdma_resolve_addr(c.id, NULL, (struct sockaddr *)&dst, 2000) == 0, "resolve");
+	expect_ack(c.ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+	REQUIRE(rdma_resolve_route(c.id, 2000) == 0, "route");
+	expect_ack(c.ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+	ud_end(&c, c.id);
+	REQUIRE(rdma_connect(c.id, &cp) == 0, "rdma_connect: %s", strerror(errno));
+	ev = expect_event(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST, T_WAIT_MS);
+	REQUIRE(ev, "no request");
+	CHECK(ev->param.ud.private_data_len >= 5 && !memcmp(ev->param.ud.private_data, "udp?", 5),
+	      "request private data");
+	s.id = ev->id;
+	rdma_ack_cm_event(ev);
+	ud_end(&s, s.id);
+	REQUIRE(rdma_post_recv(s.id, NULL, s.buf, 40 + 64, s.mr) == 0, "post_recv");
+	cp.private_data = "yes!";
+	cp.qp_num = s.id->qp->qp_num;
+	REQUIRE(rdma_accept(s.id, &cp) == 0, "rdma_accept: %s", strerror(errno));
+	ev = expect_event(c.ch, RDMA_CM_EVENT_ESTABLISHED, T_WAIT_MS);
+	if (ev) {
+		rqpn = ev->param.ud.qp_num;
+		rqkey = ev->param.ud.qkey;
+		CHECK(rqpn == s.id->qp->qp_num && rqkey == RDMA_UDP_QKEY &&
+			      ev->param.ud.ah_attr.is_global,
+		      "ESTABLISHED: qpn %#x (server %#x), qkey %#x", rqpn, s.id->qp->qp_num, rqkey);
+		CHECK(ev->param.ud.private_data_len >= 5 &&
+		      !memcmp(ev->param.ud.private_data, "yes!", 5), "reply private data");
+		ah = ibv_create_ah(c.pd, &ev->param.ud.ah_attr);
+		CHECK(ah, "an AH from the event: %s", strerror(errno));
+		rdma_ack_cm_event(ev);
+	}
+	CHECK(!t_fd_readable(l.ch->fd, 100), "no ESTABLISHED (nor anything) at the server");
+	CHECK(rdma_disconnect(c.id) == -1 && errno == EINVAL, "disconnect on a UD id");
+	if (ah) {
+		struct ibv_sge sge = { (uintptr_t)c.buf, 16, c.mr->lkey };
+		struct ibv_send_wr wr = { .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+					  .send_flags = IBV_SEND_SIGNALED },
+				   *bad;
+
+		strcpy(c.buf, "datagram via cm");
+		wr.wr.ud.ah = ah;
+		wr.wr.ud.remote_qpn = rqpn;
+		wr.wr.ud.remote_qkey = rqkey;
+		REQUIRE(ibv_post_send(c.id->qp, &wr, &bad) == 0, "post_send");
+		t_expect_wc(c.cq, &wc, 0, IBV_WC_SUCCESS, IBV_WC_SEND, "send");
+		if (t_expect_wc(s.cq, &wc, 0, IBV_WC_SUCCESS, IBV_WC_RECV, "receive"))
+			CHECK(wc.byte_len == 40 + 16 && !strcmp(s.buf + 40, "datagram via cm") &&
+				      wc.src_qp == c.id->qp->qp_num,
+			      "received '%.16s' from %#x", s.buf + 40, wc.src_qp);
+		ibv_destroy_ah(ah);
+	}
+	end_free(&s);
+
+	/* A rejected request: UNREACHABLE, as a SIDR reply that rejects. */
+	struct end c2 = { 0 };
+	c2.ch = rdma_create_event_channel();
+	REQUIRE(c2.ch && rdma_create_id(c2.ch, &c2.id, NULL, RDMA_PS_UDP) == 0, "client id");
+	REQUIRE(rdma_resolve_addr(c2.id, NULL, (struct sockaddr *)&dst, 2000) == 0, "resolve");
+	expect_ack(c2.ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+	REQUIRE(rdma_resolve_route(c2.id, 2000) == 0, "route");
+	expect_ack(c2.ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+	ud_end(&c2, c2.id);
+	REQUIRE(rdma_connect(c2.id, &cp) == 0, "rdma_connect");
+	ev = expect_event(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST, T_WAIT_MS);
+	REQUIRE(ev, "no request");
+	struct rdma_cm_id *child = ev->id;
+	rdma_ack_cm_event(ev);
+	CHECK(rdma_reject(child, NULL, 0) == 0, "rdma_reject");
+	ev = expect_event(c2.ch, RDMA_CM_EVENT_UNREACHABLE, T_WAIT_MS);
+	if (ev) {
+		CHECK(ev->status == 1, "status %d, wanted 1 (SIDR reject)", ev->status);
+		rdma_ack_cm_event(ev);
+	}
+	rdma_destroy_id(child);
+	end_free(&c2);
+	end_free(&c);
+	end_free(&l);
+}
+
 static void unreachable(void *arg)
 {
 	struct end l = { 0 }, c = { 0 };
@@ -657,7 +787,6 @@ static void bad_arguments(void *arg)
 #define EXPECT_ERRNO(call, e) \
 	do { errno = 0; CHECK((call) == -1 && errno == (e), #call ": errno %d, wanted " #e, errno); } while (0)
 	REQUIRE(ch, "channel");
-	EXPECT_ERRNO(rdma_create_id(ch, &id, NULL, RDMA_PS_UDP), EOPNOTSUPP);
 	EXPECT_ERRNO(rdma_create_id(ch, &id, NULL, (enum rdma_port_space)0x7777), EINVAL);
 	REQUIRE(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0, "create");
 	EXPECT_ERRNO(rdma_connect(id, NULL), EINVAL);
@@ -871,6 +1000,7 @@ int main(int argc, char **argv)
 	t_case("migrate_to_same_channel", migrate_to_same_channel, NULL);
 	t_case("reject_with_private_data", reject_with_private_data, NULL);
 	t_case("unreachable", unreachable, NULL);
+	t_case("ud_service_id", ud_service_id, NULL);
 	t_case("nonblocking_channel", nonblocking_channel, NULL);
 	t_case("sync_endpoints", sync_endpoints, NULL);
 	t_case("migrate_id", migrate, NULL);
