@@ -330,6 +330,9 @@ int urdma_query_device(struct ibv_context *c, struct ibv_device_attr *a)
 	a->max_srq_sge = URDMA_MAX_SGE;
 	a->max_pkeys = 1;
 	a->max_ah = 1 << 20; /* (not counted: memory is the limit) */
+	a->max_mcast_grp = 64;	      /* a process's (transport/udp/udp.c) */
+	a->max_mcast_qp_attach = 16;  /* QPs of a process per group */
+	a->max_total_mcast_qp_attach = 64 * 16;
 	a->local_ca_ack_delay = 1;
 	a->phys_port_cnt = 1;
 	return 0;

@@ -200,7 +200,7 @@ int urdma_host_rec_publish(const char *kind, uint32_t num, uint32_t ctx_id,
 		.va = va,
 		.size = size,
 	};
-	char tmp[64], name[32];
+	char tmp[64], name[64];
 	int fd, ret = 0;
 
 	if (!urdma_host_shm_ok())
@@ -233,7 +233,7 @@ int urdma_host_rec_publish(const char *kind, uint32_t num, uint32_t ctx_id,
 
 void urdma_host_rec_unpublish(const char *kind, uint32_t num)
 {
-	char name[32];
+	char name[64];
 
 	if (!urdma_host_shm_ok())
 		return;
@@ -244,7 +244,7 @@ void urdma_host_rec_unpublish(const char *kind, uint32_t num)
 int urdma_host_rec_find(const char *kind, uint32_t num,
 			struct urdma_qp_rec *rec)
 {
-	char name[32];
+	char name[64];
 	struct stat st;
 	int fd;
 	ssize_t n;
@@ -447,7 +447,7 @@ err:
 static int hctx_listen(struct urdma_host_ctx *hc, uint32_t *id)
 {
 	struct sockaddr_un sa;
-	char tmp[64], name[32];
+	char tmp[64], name[64];
 
 	for (int tries = 0; tries < 64; tries++) {
 		uint32_t r = urdma_random32() & 0x7fffffff;
@@ -545,7 +545,7 @@ void urdma_host_ctx_close(struct urdma_context *uctx)
 {
 	struct urdma_host_ctx *hc = uctx->host;
 	struct guest *g, *n;
-	char name[32];
+	char name[64];
 
 	if (!hc)
 		return;
@@ -574,7 +574,7 @@ void urdma_host_ctx_close(struct urdma_context *uctx)
 int urdma_host_ctx_connect(uint32_t ctx_id)
 {
 	struct sockaddr_un sa;
-	char name[32];
+	char name[64];
 	struct stat st;
 	int fd;
 
@@ -616,20 +616,30 @@ bool urdma_host_rec_stale(const char *kind, uint32_t num)
 	return ret == -EINVAL || ctx_alive(rec.ctx_id) < 0;
 }
 
+DIR *urdma_host_opendir(void)
+{
+	/* (its own open file: a dup would share the directory's offset) */
+	int fd = urdma_host_shm_ok() ?
+			 openat(urdma_proc.dirfd, ".",
+				O_RDONLY | O_DIRECTORY | O_CLOEXEC) :
+			 -1;
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+
+	if (!d && fd >= 0)
+		close(fd);
+	return d;
+}
+
 /* Remove what processes left behind: sockets nobody listens on, records
  * of those contexts, temporary names older than a minute.  Only names of
  * ours; anything else there is left alone. */
 void urdma_host_sweep(void)
 {
-	int fd = urdma_host_shm_ok() ? dup(urdma_proc.dirfd) : -1;
-	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	DIR *d = urdma_host_opendir();
 	struct dirent *e;
 
-	if (!d) {
-		if (fd >= 0)
-			close(fd);
+	if (!d)
 		return;
-	}
 	while ((e = readdir(d))) {
 		unsigned int id;
 		char tail[2];
@@ -648,6 +658,16 @@ void urdma_host_sweep(void)
 		else if (sscanf(e->d_name, "srq-%x%1s", &id, tail) == 1)
 			stale = S_ISREG(st.st_mode) &&
 				urdma_host_rec_stale("srq", id);
+		else if (!strncmp(e->d_name, "mcg-", 4) &&
+			 strlen(e->d_name) > 37 && e->d_name[36] == '-' &&
+			 sscanf(e->d_name + 37, "%x%1s", &id, tail) == 1) {
+			char kind[37];
+
+			memcpy(kind, e->d_name, 36); /* mcg-<32 hex> */
+			kind[36] = 0;
+			stale = S_ISREG(st.st_mode) &&
+				urdma_host_rec_stale(kind, id);
+		}
 		else if (!strncmp(e->d_name, "tmp-", 4))
 			stale = time(NULL) - st.st_mtime > 60;
 		if (!stale)

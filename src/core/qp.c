@@ -332,6 +332,7 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 
 	if (qp->tr && qp->tr->drain)
 		qp->tr->drain(qp);
+	urdma_mcast_detach_all(qp);
 	if (ibqp->qp_type == IBV_QPT_UD && atomic_load(&qp->shm->ud_drops))
 		urdma_info("qp %#x: %u datagrams to it were dropped", ibqp->qp_num,
 			   atomic_load(&qp->shm->ud_drops));

@@ -369,13 +369,16 @@ struct ibv_qp *urdma_create_qp_ex(struct ibv_context *context,
 	}
 	if (tgt)
 		xrcd = to_uxrcd(ax->xrcd);
-	/* TSO, RSS and the creation flags (self-multicast blocking, FCS
-	 * scatter, VLAN stripping, source QPN) are not implemented. */
+	/* TSO, RSS and the creation flags but a UD QP's self-multicast
+	 * blocking (FCS scatter, VLAN stripping, source QPN) are not
+	 * implemented. */
 	if ((ax->comp_mask & (IBV_QP_INIT_ATTR_MAX_TSO_HEADER |
 			      IBV_QP_INIT_ATTR_IND_TABLE |
 			      IBV_QP_INIT_ATTR_RX_HASH)) ||
 	    ((ax->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
-	     ax->create_flags) ||
+	     (ax->create_flags & ~(ax->qp_type == IBV_QPT_UD ?
+					   IBV_QP_CREATE_BLOCK_SELF_MCAST_LB :
+					   0))) ||
 	    ((ax->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
 	     (ax->send_ops_flags & ~(uint64_t)QP_EX_OPS))) {
 		errno = EOPNOTSUPP;
@@ -403,6 +406,9 @@ struct ibv_qp *urdma_create_qp_ex(struct ibv_context *context,
 	if (!ibqp)
 		return NULL;
 	ax->cap = init.cap;
+	if (ax->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS)
+		to_uqp(ibqp)->block_self_mcast =
+			ax->create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
 	if (ax->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
 		ret = qp_ex_init(to_uqp(ibqp), ax->send_ops_flags);
 		if (ret) {

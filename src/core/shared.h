@@ -13,6 +13,8 @@
  *                   where its shared block (struct urdma_shm_qp and the
  *                   receive ring) is in that process's identity memfd
  *   <dir>/srq-<n>   the same for XRC SRQ n (struct urdma_shm_srq)
+ *   <dir>/mcg-<gid>-<qpn>  a qp-<qpn> record for each UD QP attached to
+ *                   multicast group <gid> (32 hex digits; core/mcast.c)
  *   <dir>/xrcd-<id> an empty file each process that has XRC domain id
  *                   open holds a shared flock on (core/xrc.c)
  *

@@ -5,8 +5,8 @@
  * An address handle is its attributes, checked: a UD WR copies them when
  * it is posted (sq.c), so the handle may go while WRs that named it are
  * queued.  A LID names this host (its network namespace): another host is
- * reached by GID (transport/ud.c).  A multicast group is EOPNOTSUPP when
- * the handle is made.
+ * reached by GID (transport/ud.c), and so is a multicast group: a
+ * multicast LID is EOPNOTSUPP when the handle is made.
  */
 #include <endian.h>
 #include <errno.h>
@@ -30,16 +30,12 @@ static int ah_check(const struct urdma_context *uctx,
 	if (attr->is_global) {
 		if (attr->grh.sgid_index >= uctx->num_gids)
 			return EINVAL;
-		if (attr->grh.dgid.raw[0] == 0xff) {
-			urdma_info("ah: multicast groups are not supported");
-			return EOPNOTSUPP;
-		}
-		return 0; /* this host, or another over UDP */
+		return 0; /* this host, or another over UDP; or a group */
 	}
 	if (!attr->dlid)
 		return EINVAL;
 	if (attr->dlid >= LID_MULTICAST) {
-		urdma_info("ah: multicast groups are not supported");
+		urdma_info("ah: a multicast group is addressed by its GID");
 		return EOPNOTSUPP;
 	}
 	if (attr->dlid != uctx->lid) {

@@ -11,11 +11,13 @@
 #ifndef URDMA_H
 #define URDMA_H
 
+#include <dirent.h>
 #include <infiniband/verbs.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/shared.h"
 #include "util/clock.h"
@@ -381,6 +383,12 @@ struct urdma_qp {
 	 * datagrams we dropped as sender */
 	struct urdma_ud_dests *ud;
 	uint64_t ud_drops;
+	/* UD: the multicast groups it is attached to (mcast.c), under
+	 * sq_lock; whether it skips its own datagrams to them */
+#define URDMA_MCG_PER_QP 16
+	union ibv_gid mcg[URDMA_MCG_PER_QP];
+	int nmcg;
+	bool block_self_mcast;
 	_Atomic bool peer_dead;
 	uint64_t peer_dead_ns; /* when the progress thread saw it die */
 };
@@ -478,6 +486,8 @@ int urdma_host_rec_find(const char *kind, uint32_t num,
 			struct urdma_qp_rec *rec);
 /* <kind>-<num> is malformed or names a context nobody listens for. */
 bool urdma_host_rec_stale(const char *kind, uint32_t num);
+/* The host directory, to read (NULL if shared memory is off). */
+DIR *urdma_host_opendir(void);
 /* Connect to our user's context socket ctx-<id>: the socket, or -errno
  * (-ENOENT: no such name; -EPERM: not a socket of our user;
  * -ECONNREFUSED: nobody listens). */
@@ -746,6 +756,24 @@ int urdma_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 		    struct ibv_send_wr **bad);
 int urdma_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 		    struct ibv_recv_wr **bad);
+
+/* Is GID g (16 bytes) a multicast group's: IPv6 (ff00::/8), or an IPv4
+ * group's address mapped (::ffff:224.0.0.0/100), as RoCE has them? */
+static inline bool urdma_gid_is_mcast(const uint8_t *g)
+{
+	static const uint8_t v4[12] = { [10] = 0xff, [11] = 0xff };
+
+	return g[0] == 0xff || (!memcmp(g, v4, 12) && (g[12] & 0xf0) == 0xe0);
+}
+
+/* mcast.c: attaching UD QPs to multicast groups; the QPNs of this host's
+ * QPs attached to group gid (16 bytes), at most max. */
+int urdma_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid,
+		       uint16_t lid);
+int urdma_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid,
+		       uint16_t lid);
+void urdma_mcast_detach_all(struct urdma_qp *qp);
+int urdma_mcast_members(const uint8_t *gid, uint32_t *qpns, int max);
 
 /* Address handles and what UD receives carry (ud.c). */
 struct ibv_ah *urdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);

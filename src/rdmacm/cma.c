@@ -623,6 +623,7 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 			o->listen = NULL;
 	}
 	cma_close_fd(cid);
+	cma_mc_free(cid);
 	list_del(&cid->node);
 	c = to_cch(id->channel);
 	c->nids--;

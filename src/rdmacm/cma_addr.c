@@ -26,7 +26,7 @@ socklen_t sa_len(const struct sockaddr *sa)
 	}
 }
 
-static void sa_to_gid(const struct sockaddr *sa, union ibv_gid *gid)
+void sa_to_gid(const struct sockaddr *sa, union ibv_gid *gid)
 {
 	memset(gid, 0, sizeof(*gid));
 	if (sa->sa_family == AF_INET) {
@@ -211,6 +211,14 @@ EXPORT int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src_addr,
 	}
 	memcpy(&id->route.addr.dst_storage, dst_addr, sa_len(dst_addr));
 	e = cma_route_lookup(dst_addr, &src);
+	/* A group with no route here (a host without a default route) is
+	 * joined from the address the id is bound to. */
+	if (e && cid->state == CS_BOUND && cma_sa_multicast(dst_addr) &&
+	    !sa_is_any(&id->route.addr.src_addr)) {
+		memcpy(&src, &id->route.addr.src_storage,
+		       sa_len(&id->route.addr.src_addr));
+		e = 0;
+	}
 	if (!e && cid->state == CS_IDLE) {
 		/* A wildcard src may still name the port (same offset in v6). */
 		((struct sockaddr_in *)&src)->sin_port =

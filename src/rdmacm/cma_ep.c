@@ -197,27 +197,6 @@ EXPORT int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
 	return id ? 0 : cma_err(EINVAL);
 }
 
-EXPORT int rdma_join_multicast(struct rdma_cm_id *id, struct sockaddr *addr,
-			       void *context)
-{
-	(void)id, (void)addr, (void)context;
-	return cma_err(EOPNOTSUPP); /* needs UD queue pairs */
-}
-
-EXPORT int rdma_join_multicast_ex(struct rdma_cm_id *id,
-				  struct rdma_cm_join_mc_attr_ex *mc_join_attr,
-				  void *context)
-{
-	(void)id, (void)mc_join_attr, (void)context;
-	return cma_err(EOPNOTSUPP);
-}
-
-EXPORT int rdma_leave_multicast(struct rdma_cm_id *id, struct sockaddr *addr)
-{
-	(void)id, (void)addr;
-	return cma_err(EOPNOTSUPP);
-}
-
 EXPORT int rdma_set_local_ece(struct rdma_cm_id *id, struct ibv_ece *ece)
 {
 	(void)id, (void)ece;

@@ -123,6 +123,15 @@ struct cma_id {
 	bool has_qp_init;
 	struct ibv_qp_init_attr qp_init;
 	struct ibv_pd *ep_pd;
+	/* UD: the multicast groups joined (cma_mc.c) */
+#define CMA_MC_MAX 8
+	struct cma_mc {
+		struct sockaddr_storage addr;
+		union ibv_gid mgid;
+		bool attached; /* the id's QP is, by rdma_join_multicast */
+		int ip_fd;     /* a socket holding the IP group, or -1 */
+	} mc[CMA_MC_MAX];
+	int nmc;
 };
 
 static inline struct cma_id *to_cid(struct rdma_cm_id *id)
@@ -173,6 +182,8 @@ int cma_sync_wait(struct cma_id *cid, enum rdma_cm_event_type want);
 
 /* cma_addr.c */
 socklen_t sa_len(const struct sockaddr *sa);
+/* The GID of an address: IPv4-mapped, or the IPv6 address. */
+void sa_to_gid(const struct sockaddr *sa, union ibv_gid *gid);
 uint16_t sa_port(const struct sockaddr *sa);
 uint8_t cma_gid_index(const union ibv_gid *gid);
 void cma_set_route(struct cma_id *cid, bool peer);
@@ -185,6 +196,11 @@ uint32_t cma_ud_qkey(struct cma_id *cid);
 void cma_ud_ah(struct cma_id *cid, const struct cma_msg *m,
 	       struct ibv_ah_attr *ah);
 void cma_qp_error(struct cma_id *cid);
+
+/* cma_mc.c */
+void cma_mc_qp_gone(struct cma_id *cid);
+void cma_mc_free(struct cma_id *cid);
+bool cma_sa_multicast(const struct sockaddr *sa);
 
 /* cma_conn.c */
 void cma_id_free(struct cma_id *cid);

@@ -325,6 +325,7 @@ EXPORT void rdma_destroy_qp(struct rdma_cm_id *id)
 	pthread_mutex_lock(&cma_lock);
 	ibv_destroy_qp(id->qp);
 	id->qp = cid->qp_made = NULL;
+	cma_mc_qp_gone(cid);
 	cma_free_cqs(cid);
 	pthread_mutex_unlock(&cma_lock);
 }

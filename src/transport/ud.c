@@ -194,12 +194,8 @@ enum urdma_ud_res urdma_ud_deliver(struct urdma_shm_dest *d,
 
 /* ---- the transport table ---- */
 
-static enum urdma_tx ud_execute(struct urdma_qp *qp, struct urdma_swqe *w,
-				enum ibv_wc_status *status)
+bool urdma_ud_net(void)
 {
-	/* Over shared memory when the destination is one of this user's QPs
-	 * on this host (a LID always names this host: ud.c), unless told
-	 * otherwise; over UDP else. */
 	static int net = -1;
 
 	if (net < 0) {
@@ -207,9 +203,42 @@ static enum urdma_tx ud_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 
 		net = e && !strcmp(e, "tcp");
 	}
-	if (!net && (!w->av.is_global ||
-		     urdma_gid_is_local(qp->uctx, w->av.dgid)) &&
-	    urdma_shm_ud_send(qp, w, status) != URDMA_UD_GONE)
+	return net;
+}
+
+#define MCAST_LOCAL_MAX 256 /* QPs of this host a multicast reaches */
+
+/* A multicast: to each QP of this host attached to the group, over shared
+ * memory, and to the group's IP address for other hosts' (udp.c). */
+static enum urdma_tx ud_multicast(struct urdma_qp *qp, struct urdma_swqe *w,
+				  enum ibv_wc_status *status)
+{
+	uint32_t qpns[MCAST_LOCAL_MAX];
+	int n = urdma_ud_net() ? 0 :
+				 urdma_mcast_members(w->av.dgid, qpns,
+						     MCAST_LOCAL_MAX);
+
+	for (int i = 0; i < n; i++) {
+		if (qpns[i] == qp->ibqp.qp_num && qp->block_self_mcast)
+			continue;
+		urdma_shm_ud_send(qp, w, qpns[i], status);
+		if (*status != IBV_WC_SUCCESS)
+			return URDMA_TX_DONE;
+	}
+	return urdma_udp_send(qp, w, status);
+}
+
+static enum urdma_tx ud_execute(struct urdma_qp *qp, struct urdma_swqe *w,
+				enum ibv_wc_status *status)
+{
+	/* Over shared memory when the destination is one of this user's QPs
+	 * on this host (a LID always names this host: ud.c), unless told
+	 * otherwise; over UDP else. */
+	if (w->av.is_global && urdma_gid_is_mcast(w->av.dgid))
+		return ud_multicast(qp, w, status);
+	if (!urdma_ud_net() &&
+	    (!w->av.is_global || urdma_gid_is_local(qp->uctx, w->av.dgid)) &&
+	    urdma_shm_ud_send(qp, w, w->ud_qpn, status) != URDMA_UD_GONE)
 		return URDMA_TX_DONE;
 	return urdma_udp_send(qp, w, status);
 }

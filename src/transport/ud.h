@@ -47,10 +47,14 @@ enum urdma_ud_res urdma_ud_deliver(struct urdma_shm_dest *d,
 				   const struct urdma_ud_msg *m, int *tell,
 				   const char **why);
 
-/* shm_ud.c: send w over shared memory: URDMA_UD_GONE if its QP is not one
- * of this user's on this host (send it another way), else done. */
+/* Does every datagram go over UDP (URDMA_TRANSPORT=tcp)? */
+bool urdma_ud_net(void);
+
+/* shm_ud.c: send w to QP qpn over shared memory: URDMA_UD_GONE if that QP
+ * is not one of this user's on this host (send it another way), else
+ * done. */
 enum urdma_ud_res urdma_shm_ud_send(struct urdma_qp *qp, struct urdma_swqe *w,
-				    enum ibv_wc_status *status);
+				    uint32_t qpn, enum ibv_wc_status *status);
 void urdma_shm_ud_forget(struct urdma_qp *qp);
 
 /* udp.c */
@@ -61,5 +65,9 @@ int urdma_udp_qpn_reserve(uint32_t *qpn);
 void urdma_udp_qpn_bind(struct urdma_qp *qp);
 void urdma_udp_qpn_unbind(struct urdma_qp *qp);
 void urdma_udp_qpn_release(uint32_t qpn);
+/* qp joins / leaves multicast group gid: datagrams to the group's IP
+ * address reach it.  0 or -errno. */
+int urdma_udp_mcast_join(struct urdma_qp *qp, const union ibv_gid *gid);
+void urdma_udp_mcast_leave(struct urdma_qp *qp, const union ibv_gid *gid);
 
 #endif

@@ -356,14 +356,14 @@ struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc,
 	return urdma_create_ah(pd, &attr);
 }
 
-/* ---- what urdma does not implement: the documented errors ---- */
+/* ---- multicast (core/mcast.c) ---- */
 
 int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
 {
-	return EOPNOTSUPP;
+	return urdma_attach_mcast(qp, gid, lid);
 }
 
 int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
 {
-	return EOPNOTSUPP;
+	return urdma_detach_mcast(qp, gid, lid);
 }

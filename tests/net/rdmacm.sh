@@ -23,7 +23,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=../rdmacm/cases.sh
 . "$HERE/../rdmacm/cases.sh"
 compat_init "${1:-}"
-for c in rping ucmatose udaddy rdma_server rdma_client cmtime rstream; do need_cmd "$c" rdmacm-utils; done
+for c in rping ucmatose udaddy mckey rdma_server rdma_client cmtime rstream; do need_cmd "$c" rdmacm-utils; done
 for c in ib_send_bw ib_write_lat ib_read_bw; do need_cmd "$c" perftest; done
 if [ ! -e "$BUILD/lib/librdmacm.so.1" ]; then
     log "FAIL: $BUILD/lib/librdmacm.so.1 not built"
@@ -55,6 +55,7 @@ CLI_RUN="${CLI_RUN/ env / env URDMA_LOG_LEVEL=debug }"
 cm_cases "$SRV_IP" "rping 64 B x 100, QP transport|rping:100:64"
 CLI_RUN=$CLI_RUN_SAVED
 CM_CHECK_ALSO=""
+CM_CLI_BIND=$CLI_IP # (mckey: each side joins from its own address)
 
 cm_cases "$SRV_IP" \
     "rping 23 B x 100|rping:100:23" \
@@ -64,6 +65,8 @@ cm_cases "$SRV_IP" \
     "ucmatose 4 connections 4 KiB x 50|ucmatose:-c 4 -S 4096 -C 50" \
     "udaddy|udaddy" \
     "udaddy 4 connections 1 KiB x 50|udaddy:-c 4 -S 1024 -C 50" \
+    "mckey multicast|mckey:239.1.2.3" \
+    "mckey 2 groups x 50, 1 KiB|mckey:239.1.2.4:-c 2 -C 50 -S 1024" \
     "rdma_server/rdma_client|rdma_cs" \
     "cmtime 50 connections|cmtime:50" \
     "ib_send_bw -R 8 MiB|perftest:ib_send_bw:-s 8388608 -n 20" \

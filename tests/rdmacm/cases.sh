@@ -120,7 +120,9 @@ cm_pair() {
     timeout -k 2 "$T" "${srv[@]}" >"$PAIR_SRV_LOG" 2>"$PAIR_SRV_LOG.err" &
     spid=$!
     COMPAT_BG_PIDS+=("$spid")
-    if ! wait_listen "${CM_PORT:-$CASE_PORT}" "$spid" 15; then
+    if [ "${CM_PORT:-}" = none ]; then
+        sleep 0.5 # (no port to wait for: it joins a group at once)
+    elif ! wait_listen "${CM_PORT:-$CASE_PORT}" "$spid" 15; then
         log "  server did not listen on TCP port ${CM_PORT:-$CASE_PORT}"
         kill -TERM "$spid" 2>/dev/null
         wait "$spid" 2>/dev/null
@@ -218,6 +220,8 @@ PERFTEST_RETRY_SECS=${PERFTEST_RETRY_SECS:-30}
 #   ucmatose[:ARGS]      ucmatose ARGS / ucmatose ARGS -s ADDR (ARGS: "-c 4 -S 4096")
 #   udaddy[:ARGS]        udaddy ARGS / udaddy ARGS -s ADDR (RDMA_PS_UDP ids, UD
 #                        QPs; on its own port, 7174: its -p is the port space)
+#   mckey:GROUP[:ARGS]   mckey -m GROUP -b ADDR ARGS / the same with -s (sender),
+#                        bound to CM_CLI_BIND (default ADDR): multicast
 #   rdma_cs              rdma_server / rdma_client -s ADDR
 #   cmtime:CONNS         cmtime -c CONNS / cmtime -c CONNS -s ADDR (server stopped after)
 #   perftest:TEST[:ARGS] TEST ARGS -R -F / TEST ARGS -R -F ADDR (ib_send_bw, ...)
@@ -239,6 +243,13 @@ cm_cmds() {
         ucmatose*)
             args=${kind#ucmatose}; args=${args#:}
             CM_SRV="ucmatose $args -p $p"; CM_CLI="ucmatose $args -p $p -s $addr"
+            CM_CHECK=ucmatose_ok; CM_SHOW=show_ucmatose ;;
+        mckey:*) # (the same output as ucmatose's; no port: a group)
+            local grp
+            grp=$(cut -d: -f2 <<<"$kind")
+            args=$(cut -d: -f3- <<<"$kind")
+            CM_SRV="mckey -m $grp -b $addr $args"
+            CM_CLI="mckey -m $grp -b ${CM_CLI_BIND:-$addr} -s $args"; CM_PORT=none
             CM_CHECK=ucmatose_ok; CM_SHOW=show_ucmatose ;;
         udaddy*) # (the same output as ucmatose's)
             args=${kind#udaddy}; args=${args#:}
@@ -325,6 +336,8 @@ cm_all_cases() {
         "ucmatose 4 connections 4 KiB x 50|ucmatose:-c 4 -S 4096 -C 50" \
         "udaddy|udaddy" \
         "udaddy 4 connections 1 KiB x 50|udaddy:-c 4 -S 1024 -C 50" \
+        "mckey multicast|mckey:239.1.2.3" \
+        "mckey 2 groups x 50, 1 KiB|mckey:239.1.2.4:-c 2 -C 50 -S 1024" \
         "rdma_server/rdma_client|rdma_cs" \
         "cmtime 50 connections|cmtime:50" \
         "ib_send_bw -R|perftest:ib_send_bw" \

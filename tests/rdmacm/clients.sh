@@ -18,7 +18,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/cases.sh"
 COMPAT_BUDGET=${COMPAT_BUDGET:-150}
 compat_init "${1:-}"
-for c in rping ucmatose udaddy rdma_server rdma_client cmtime; do need_cmd "$c" rdmacm-utils; done
+for c in rping ucmatose udaddy mckey rdma_server rdma_client cmtime; do need_cmd "$c" rdmacm-utils; done
 for c in ib_send_bw ib_write_lat ib_read_bw; do need_cmd "$c" perftest; done
 if [ ! -e "$BUILD/lib/librdmacm.so.1" ]; then
     log "FAIL: $BUILD/lib/librdmacm.so.1 not built"

@@ -529,6 +529,25 @@ static void ud_end(struct end *e, struct rdma_cm_id *id)
 	REQUIRE(e->mr, "ibv_reg_mr");
 }
 
+/* 16 bytes of text (with its NUL) from e's UD QP to qpn through ah; the
+ * send completes. */
+static void ud_send16(struct end *e, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey,
+		      const char *text)
+{
+	struct ibv_sge sge = { (uintptr_t)e->buf, 16, e->mr->lkey };
+	struct ibv_send_wr wr = { .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED },
+			   *bad;
+	struct ibv_wc wc;
+
+	strncpy(e->buf, text, 16);
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = qpn;
+	wr.wr.ud.remote_qkey = qkey;
+	REQUIRE(ibv_post_send(e->id->qp, &wr, &bad) == 0, "post_send");
+	t_expect_wc(e->cq, &wc, 0, IBV_WC_SUCCESS, IBV_WC_SEND, "send");
+}
+
 /* udaddy's exchange: the client's ESTABLISHED carries the server QP's
  * number, Q_Key and an address handle that reaches it; the server has no
  * ESTABLISHED; a datagram goes through.  Then a rejected request. */
@@ -585,17 +604,7 @@ static void ud_service_id(void *arg)
 	CHECK(!t_fd_readable(l.ch->fd, 100), "no ESTABLISHED (nor anything) at the server");
 	CHECK(rdma_disconnect(c.id) == -1 && errno == EINVAL, "disconnect on a UD id");
 	if (ah) {
-		struct ibv_sge sge = { (uintptr_t)c.buf, 16, c.mr->lkey };
-		struct ibv_send_wr wr = { .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
-					  .send_flags = IBV_SEND_SIGNALED },
-				   *bad;
-
-		strcpy(c.buf, "datagram via cm");
-		wr.wr.ud.ah = ah;
-		wr.wr.ud.remote_qpn = rqpn;
-		wr.wr.ud.remote_qkey = rqkey;
-		REQUIRE(ibv_post_send(c.id->qp, &wr, &bad) == 0, "post_send");
-		t_expect_wc(c.cq, &wc, 0, IBV_WC_SUCCESS, IBV_WC_SEND, "send");
+		ud_send16(&c, ah, rqpn, rqkey, "datagram via cm");
 		if (t_expect_wc(s.cq, &wc, 0, IBV_WC_SUCCESS, IBV_WC_RECV, "receive"))
 			CHECK(wc.byte_len == 40 + 16 && !strcmp(s.buf + 40, "datagram via cm") &&
 				      wc.src_qp == c.id->qp->qp_num,
@@ -628,6 +637,73 @@ static void ud_service_id(void *arg)
 	end_free(&c2);
 	end_free(&c);
 	end_free(&l);
+}
+
+/* Multicast on UDP ids: the join event gives what a sender needs; a
+ * member receives, the sender (which joined too) does not get its own
+ * when it blocks it; leaving and the errors. */
+static void ud_multicast(void *arg)
+{
+	struct end r = { 0 }, s = { 0 };
+	struct sockaddr_in src = test_addr(0), grp = { .sin_family = AF_INET };
+	struct rdma_cm_event *ev;
+	struct ibv_ah *ah = NULL;
+	struct rdma_cm_id *rc;
+	struct ibv_wc wc;
+	uint32_t qpn = 0, qkey = 0;
+
+	inet_pton(AF_INET, "239.7.7.7", &grp.sin_addr);
+	for (struct end *e = &r; e; e = e == &r ? &s : NULL) {
+		e->ch = rdma_create_event_channel();
+		REQUIRE(e->ch && rdma_create_id(e->ch, &e->id, NULL, RDMA_PS_UDP) == 0, "id");
+		REQUIRE(rdma_bind_addr(e->id, (struct sockaddr *)&src) == 0, "bind");
+		REQUIRE(rdma_resolve_addr(e->id, (struct sockaddr *)&src,
+					  (struct sockaddr *)&grp, 2000) == 0,
+			"resolve the group: %s", strerror(errno));
+		expect_ack(e->ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+		ud_end(e, e->id);
+	}
+	REQUIRE(rdma_post_recv(r.id, NULL, r.buf, 40 + 64, r.mr) == 0, "post_recv");
+	REQUIRE(rdma_join_multicast(r.id, (struct sockaddr *)&grp, &r) == 0, "join: %s",
+		strerror(errno));
+	ev = expect_event(r.ch, RDMA_CM_EVENT_MULTICAST_JOIN, T_WAIT_MS);
+	if (ev) {
+		CHECK(ev->param.ud.private_data == (void *)&r && ev->param.ud.qp_num == 0xffffff &&
+			      ev->param.ud.qkey == RDMA_UDP_QKEY && ev->param.ud.ah_attr.is_global &&
+			      ev->param.ud.ah_attr.grh.dgid.raw[12] == 239,
+		      "join event: qpn %#x qkey %#x", ev->param.ud.qp_num, ev->param.ud.qkey);
+		rdma_ack_cm_event(ev);
+	}
+	errno = 0;
+	CHECK(rdma_join_multicast(r.id, (struct sockaddr *)&grp, NULL) == -1 && errno == EINVAL,
+	      "joined twice: %s", strerror(errno));
+	REQUIRE(rdma_join_multicast(s.id, (struct sockaddr *)&grp, NULL) == 0, "join");
+	ev = expect_event(s.ch, RDMA_CM_EVENT_MULTICAST_JOIN, T_WAIT_MS);
+	if (ev) {
+		qpn = ev->param.ud.qp_num;
+		qkey = ev->param.ud.qkey;
+		ah = ibv_create_ah(s.pd, &ev->param.ud.ah_attr);
+		CHECK(ah, "an AH to the group: %s", strerror(errno));
+		rdma_ack_cm_event(ev);
+	}
+	if (ah) {
+		ud_send16(&s, ah, qpn, qkey, "to all members!");
+		if (t_expect_wc(r.cq, &wc, 0, IBV_WC_SUCCESS, IBV_WC_RECV, "member's receive"))
+			CHECK(!strcmp(r.buf + 40, "to all members!") && (wc.wc_flags & IBV_WC_GRH),
+			      "received '%.16s'", r.buf + 40);
+		ibv_destroy_ah(ah);
+	}
+	CHECK(rdma_leave_multicast(r.id, (struct sockaddr *)&grp) == 0, "leave");
+	errno = 0;
+	CHECK(rdma_leave_multicast(r.id, (struct sockaddr *)&grp) == -1 && errno == EADDRNOTAVAIL,
+	      "leave again: %s", strerror(errno));
+	REQUIRE(rdma_create_id(r.ch, &rc, NULL, RDMA_PS_TCP) == 0, "an RC id");
+	errno = 0;
+	CHECK(rdma_join_multicast(rc, (struct sockaddr *)&grp, NULL) == -1 && errno == EINVAL,
+	      "join on an RC id: %s", strerror(errno));
+	rdma_destroy_id(rc);
+	end_free(&s);
+	end_free(&r);
 }
 
 static void unreachable(void *arg)
@@ -798,7 +874,7 @@ static void bad_arguments(void *arg)
 	EXPECT_ERRNO(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, 4), EINVAL);
 	EXPECT_ERRNO(rdma_set_option(id, RDMA_OPTION_ID, 99, &tos, 1), ENOPROTOOPT);
 	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, 1) == 0, "TOS");
-	EXPECT_ERRNO(rdma_join_multicast(id, (struct sockaddr *)&dst, NULL), EOPNOTSUPP);
+	EXPECT_ERRNO(rdma_join_multicast(id, (struct sockaddr *)&dst, NULL), EINVAL); /* RC */
 	REQUIRE(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 100) == 0, "resolve");
 	expect_ack(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
 	EXPECT_ERRNO(rdma_connect(id, &cp), EINVAL); /* private data too long */
@@ -1001,6 +1077,7 @@ int main(int argc, char **argv)
 	t_case("reject_with_private_data", reject_with_private_data, NULL);
 	t_case("unreachable", unreachable, NULL);
 	t_case("ud_service_id", ud_service_id, NULL);
+	t_case("ud_multicast", ud_multicast, NULL);
 	t_case("nonblocking_channel", nonblocking_channel, NULL);
 	t_case("sync_endpoints", sync_endpoints, NULL);
 	t_case("migrate_id", migrate, NULL);

@@ -128,7 +128,7 @@ static struct ud_dest *dest_get(struct urdma_qp *qp, uint32_t qpn,
 
 /* Send w over shared memory (ud.h). */
 enum urdma_ud_res urdma_shm_ud_send(struct urdma_qp *qp, struct urdma_swqe *w,
-				    enum ibv_wc_status *status)
+				    uint32_t qpn, enum ibv_wc_status *status)
 {
 	struct urdma_span local[URDMA_MAX_SGE + 1];
 	uint8_t data[URDMA_UD_MTU];
@@ -136,7 +136,7 @@ enum urdma_ud_res urdma_shm_ud_send(struct urdma_qp *qp, struct urdma_swqe *w,
 	struct urdma_ud_msg m = {
 		.data = data,
 		.len = w->byte_len,
-		.qpn = w->ud_qpn,
+		.qpn = qpn,
 		/* A controlled Q_Key in the WR means our QP's own. */
 		.qkey = w->ud_qkey & QKEY_CONTROLLED ? qp->attr.qkey : w->ud_qkey,
 		.src_qp = qp->ibqp.qp_num,
@@ -168,7 +168,7 @@ enum urdma_ud_res urdma_shm_ud_send(struct urdma_qp *qp, struct urdma_swqe *w,
 	/* A QP found before may be gone, its number another's now: look
 	 * again, once. */
 	for (int tries = 0; tries < 2; tries++) {
-		u = dest_get(qp, w->ud_qpn, &why);
+		u = dest_get(qp, qpn, &why);
 		if (!u)
 			return URDMA_UD_GONE; /* not one of ours here: UDP */
 		res = urdma_ud_deliver(&u->d, u->peer, urdma_peer_shm(u->peer),
@@ -184,7 +184,7 @@ enum urdma_ud_res urdma_shm_ud_send(struct urdma_qp *qp, struct urdma_swqe *w,
 	}
 	qp->ud_drops++;
 	urdma_dbg("qp %#x: datagram %#llx to QP %#x dropped: %s",
-		  qp->ibqp.qp_num, (unsigned long long)w->wr_id, w->ud_qpn, why);
+		  qp->ibqp.qp_num, (unsigned long long)w->wr_id, qpn, why);
 	return URDMA_UD_DONE;
 }
 

@@ -17,6 +17,7 @@
 #define ROCE_ICRC 4
 #define ROCE_HDR_MAX (ROCE_BTH + ROCE_DETH + ROCE_IMM)
 #define ROCE_PKEY_DEFAULT 0xffff
+#define ROCE_QPN_MCAST 0xffffff /* a multicast datagram's DestQP */
 
 enum {
 	ROCE_UD_SEND_ONLY = 0x64,

@@ -51,6 +51,7 @@ struct udp_sock {
 	pthread_mutex_t qp_lock;
 	pthread_mutex_t rx_lock;      /* one reader; buf */
 	_Atomic uint64_t last_rx_ns;
+	int mc_ifindex; /* the interface multicasts were last sent on (+1) */
 	_Atomic uint64_t drops[ROCE_NERR + 1]; /* [ROCE_NERR]: no such QP */
 	uint8_t buf[ROCE_HDR_MAX + URDMA_UD_MTU + ROCE_ICRC + 64];
 };
@@ -78,9 +79,17 @@ static void sock_drop(struct udp_sock *s, int why)
 /* ---- receiving ---- */
 
 /* The 16-byte GID of address sa (IPv6, or IPv4 mapped). */
-static void addr_gid(const struct sockaddr_in6 *sa, union ibv_gid *gid)
+static void addr_gid(const struct sockaddr_storage *sa, union ibv_gid *gid)
 {
-	memcpy(gid->raw, &sa->sin6_addr, 16);
+	memset(gid, 0, sizeof(*gid));
+	if (sa->ss_family == AF_INET) {
+		gid->raw[10] = gid->raw[11] = 0xff;
+		memcpy(&gid->raw[12],
+		       &((const struct sockaddr_in *)sa)->sin_addr, 4);
+	} else {
+		memcpy(gid->raw, &((const struct sockaddr_in6 *)sa)->sin6_addr,
+		       16);
+	}
 }
 
 /* Our own address a datagram came to, from its control messages. */
@@ -123,9 +132,118 @@ static void own_dest(struct urdma_qp *qp, struct urdma_shm_dest *d)
 	}
 }
 
+/* ---- multicast ---- */
+
+static struct udp_sock *sock_new(uint16_t port);
+
+/* Every process receives multicasts on RoCEv2's port, shared by all
+ * (SO_REUSEADDR): each gets a copy of a datagram to a group the host has
+ * joined on the interface it came in on (IP_MULTICAST_ALL).  Joining the
+ * IP group is the connection manager's part, on the interface of the
+ * address its id is bound to, as on RoCE (librdmacm: rdma_join_multicast);
+ * ibv_attach_mcast only says which of our QPs receive a group's. */
+#define UDP_MCAST_PORT 4791
+#define UDP_MCGS 64
+
+static struct {
+	pthread_mutex_t lock; /* also held across a delivery */
+	struct udp_sock *s;
+	struct mcg {
+		union ibv_gid gid;
+		int n;
+		struct urdma_qp *qps[16];
+	} g[UDP_MCGS];
+} M = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static bool gid_v4(const union ibv_gid *g)
+{
+	static const uint8_t prefix[12] = { [10] = 0xff, [11] = 0xff };
+
+	return !memcmp(g->raw, prefix, 12);
+}
+
+static struct mcg *mcg_of(const union ibv_gid *g)
+{
+	for (int i = 0; i < UDP_MCGS; i++)
+		if (M.g[i].n && !memcmp(M.g[i].gid.raw, g->raw, 16))
+			return &M.g[i];
+	return NULL;
+}
+
+int urdma_udp_mcast_join(struct urdma_qp *qp, const union ibv_gid *gid)
+{
+	struct mcg *g;
+	int ret = 0;
+
+	pthread_mutex_lock(&M.lock);
+	if (!M.s)
+		M.s = sock_new(UDP_MCAST_PORT);
+	g = mcg_of(gid);
+	for (int i = 0; !g && i < UDP_MCGS; i++)
+		if (!M.g[i].n)
+			g = &M.g[i];
+	if (!g || g->n == (int)(sizeof(g->qps) / sizeof(g->qps[0]))) {
+		ret = -ENOMEM;
+	} else {
+		/* (without a socket, this host's QPs only) */
+		g->gid = *gid;
+		g->qps[g->n++] = qp;
+	}
+	pthread_mutex_unlock(&M.lock);
+	return ret;
+}
+
+void urdma_udp_mcast_leave(struct urdma_qp *qp, const union ibv_gid *gid)
+{
+	struct mcg *g;
+
+	pthread_mutex_lock(&M.lock);
+	g = mcg_of(gid);
+	for (int i = 0; g && i < g->n; i++) {
+		if (g->qps[i] != qp)
+			continue;
+		g->qps[i] = g->qps[--g->n];
+		break;
+	}
+	pthread_mutex_unlock(&M.lock);
+}
+
+/* A datagram to group msg's GRH's destination: into each QP of ours
+ * attached to it (the one that sent it too, unless it blocks that). */
+static void mcast_deliver(struct udp_sock *s, struct urdma_ud_msg *msg)
+{
+	struct mcg *g;
+
+	pthread_mutex_lock(&M.lock);
+	g = mcg_of(&msg->grh->dgid);
+	if (!g)
+		sock_drop(s, ROCE_NERR);
+	for (int i = 0; g && i < g->n; i++) {
+		struct urdma_qp *qp = g->qps[i];
+		struct urdma_shm_dest d;
+		const char *why = NULL;
+		int tell = 0;
+
+		if (qp->block_self_mcast && qp->ibqp.qp_num == msg->src_qp)
+			continue;
+		own_dest(qp, &d);
+		msg->qpn = qp->ibqp.qp_num;
+		if (urdma_ud_deliver(&d, NULL, qp->uctx->shm, msg, &tell,
+				     &why) != URDMA_UD_DONE)
+			urdma_dbg("udp: qp %#x: a multicast datagram dropped: "
+				  "%s", qp->ibqp.qp_num, why);
+		else if (tell == URDMA_UD_NOTIFY)
+			urdma_qp_notify_recv(qp);
+		else if (tell == URDMA_UD_ERROR)
+			urdma_progress_kick();
+	}
+	pthread_mutex_unlock(&M.lock);
+}
+
 /* Datagram m, from `from` to our address `to`, into its QP. */
 static void sock_deliver(struct udp_sock *s, const struct roce_ud *m,
-			 const struct sockaddr_in6 *from, const union ibv_gid *to)
+			 const struct sockaddr_storage *from,
+			 const union ibv_gid *to)
 {
 	struct urdma_shm_dest d;
 	struct urdma_qp *qp;
@@ -153,6 +271,10 @@ static void sock_deliver(struct udp_sock *s, const struct roce_ud *m,
 	int tell = 0;
 
 	addr_gid(from, &grh.sgid);
+	if (m->dest_qp == ROCE_QPN_MCAST) {
+		mcast_deliver(s, &msg);
+		return;
+	}
 	pthread_mutex_lock(&s->qp_lock);
 	qp = s->qp[m->dest_qp & (UDP_QPS - 1)];
 	if (!qp || qp->ibqp.qp_num != m->dest_qp) {
@@ -183,7 +305,7 @@ static void sock_rx(struct udp_sock *s)
 				 CMSG_SPACE(sizeof(struct in_pktinfo))];
 			struct cmsghdr align;
 		} cm;
-		struct sockaddr_in6 from;
+		struct sockaddr_storage from;
 		struct iovec iov = { s->buf, sizeof(s->buf) };
 		struct msghdr mh = { .msg_name = &from,
 				     .msg_namelen = sizeof(from),
@@ -249,10 +371,16 @@ static void sock_release(struct urdma_watcher *w)
 	urdma_free(s);
 }
 
-static struct udp_sock *sock_new(void)
+/* A socket on port (0: one the kernel picks, dual stack; else IPv4 only,
+ * shared, SO_REUSEADDR, with every process that binds it: the multicast
+ * port). */
+static struct udp_sock *sock_new(uint16_t port)
 {
-	struct sockaddr_in6 sa = { .sin6_family = AF_INET6,
-				   .sin6_addr = IN6ADDR_ANY_INIT };
+	union {
+		struct sockaddr_in6 v6;
+		struct sockaddr_in v4;
+	} sa = { .v6 = { .sin6_family = AF_INET6,
+			 .sin6_addr = IN6ADDR_ANY_INIT } };
 	socklen_t len = sizeof(sa);
 	struct udp_sock *s = urdma_zalloc(sizeof(*s));
 	int zero = 0, one = 1, rcvbuf = UDP_RCVBUF;
@@ -263,22 +391,32 @@ static struct udp_sock *sock_new(void)
 	s->w.release = sock_release;
 	pthread_mutex_init(&s->rx_lock, NULL);
 	pthread_mutex_init(&s->qp_lock, NULL);
-	s->fd = socket(AF_INET6, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (port)
+		sa.v4 = (struct sockaddr_in){ .sin_family = AF_INET,
+					      .sin_port = htons(port) };
+	s->fd = socket(port ? AF_INET : AF_INET6,
+		       SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (s->fd < 0)
 		goto err;
-	setsockopt(s->fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+	if (!port)
+		setsockopt(s->fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
 	/* Room for a burst: UD has no flow control, and what the socket
 	 * can't hold is lost.  Beyond net.core.rmem_max only with
 	 * CAP_NET_ADMIN. */
 	if (setsockopt(s->fd, SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf,
 		       sizeof(rcvbuf)))
 		setsockopt(s->fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
-	setsockopt(s->fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one));
+	if (!port)
+		setsockopt(s->fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one,
+			   sizeof(one));
 	setsockopt(s->fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one));
-	if (bind(s->fd, (struct sockaddr *)&sa, sizeof(sa)) ||
+	if (port)
+		setsockopt(s->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(s->fd, (struct sockaddr *)&sa,
+		 port ? sizeof(sa.v4) : sizeof(sa.v6)) ||
 	    getsockname(s->fd, (struct sockaddr *)&sa, &len))
 		goto err_close;
-	s->port = ntohs(sa.sin6_port);
+	s->port = ntohs(port ? sa.v4.sin_port : sa.v6.sin6_port);
 	if (urdma_progress_watch_events(s->fd, EPOLLIN, URDMA_WATCH_FN, &s->w,
 					false))
 		goto err_close;
@@ -312,7 +450,7 @@ int urdma_udp_qpn_reserve(uint32_t *qpn)
 		struct udp_sock *s = U.s[i];
 
 		if (!s) {
-			s = U.s[i] = sock_new();
+			s = U.s[i] = sock_new(0);
 			if (!s) {
 				ret = -EADDRNOTAVAIL;
 				break;
@@ -385,14 +523,45 @@ void urdma_udp_qpn_release(uint32_t qpn)
 
 /* ---- sending ---- */
 
+/* Socket s is to send a multicast to av's group: out of the interface of
+ * its source GID, not looped back to this host (whose QPs got theirs over
+ * shared memory: ud.c), unless UDP carries everything.  -1 if the group
+ * has no IPv4 address. */
+static int mcast_prepare(struct urdma_qp *qp, struct udp_sock *s,
+			 const struct urdma_av *av)
+{
+	union ibv_gid g;
+	int ifindex = qp->uctx->gids[av->sgid_index].ifindex;
+
+	memcpy(g.raw, av->dgid, 16);
+	if (!gid_v4(&g))
+		return -1;
+	if (s->mc_ifindex != ifindex + 1) {
+		struct ip_mreqn mr = { .imr_ifindex = ifindex };
+		int loop = urdma_ud_net(), ttl = av->hop_limit ? av->hop_limit : 1;
+
+		setsockopt(s->fd, IPPROTO_IP, IP_MULTICAST_IF, &mr, sizeof(mr));
+		setsockopt(s->fd, IPPROTO_IP, IP_MULTICAST_LOOP, &loop,
+			   sizeof(loop));
+		setsockopt(s->fd, IPPROTO_IP, IP_MULTICAST_TTL, &ttl,
+			   sizeof(ttl));
+		s->mc_ifindex = ifindex + 1;
+	}
+	return 0;
+}
+
 /* Where a datagram to av goes: the GID's address, loopback for one of
- * ours or an address by LID (this host, ud.c); the port QPN qpn names. */
+ * ours or an address by LID (this host, ud.c); the port QPN qpn names, or
+ * a group's (multicast). */
 static void dest_addr(struct urdma_qp *qp, const struct urdma_av *av,
 		      uint32_t qpn, struct sockaddr_in6 *sa)
 {
 	*sa = (struct sockaddr_in6){ .sin6_family = AF_INET6,
 				     .sin6_port = htons((uint16_t)(qpn >> 8)) };
-	if (av->is_global && !urdma_gid_is_local(qp->uctx, av->dgid)) {
+	if (av->is_global && urdma_gid_is_mcast(av->dgid)) {
+		memcpy(&sa->sin6_addr, av->dgid, 16);
+		sa->sin6_port = htons(UDP_MCAST_PORT);
+	} else if (av->is_global && !urdma_gid_is_local(qp->uctx, av->dgid)) {
 		memcpy(&sa->sin6_addr, av->dgid, 16);
 	} else {
 		sa->sin6_addr.s6_addr[10] = sa->sin6_addr.s6_addr[11] = 0xff;
@@ -440,6 +609,11 @@ enum urdma_tx urdma_udp_send(struct urdma_qp *qp, struct urdma_swqe *w,
 	}
 	if (!s || !(w->ud_qpn >> 8)) {
 		qp->ud_drops++;
+		return URDMA_TX_DONE;
+	}
+	if (w->av.is_global && urdma_gid_is_mcast(w->av.dgid) &&
+	    mcast_prepare(qp, s, &w->av)) {
+		qp->ud_drops++; /* (an IPv6 group: this host only) */
 		return URDMA_TX_DONE;
 	}
 	dest_addr(qp, &w->av, w->ud_qpn, &sa);
