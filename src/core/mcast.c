@@ -119,14 +119,32 @@ int urdma_mcast_members(const uint8_t *gid, uint32_t *qpns, int max)
 	d = urdma_host_opendir();
 	if (!d)
 		return 0;
-	while (n < max && (e = readdir(d))) {
+	/* Any process of the user may write here: a name counts only in
+	 * its canonical form, once, and when its record and the QP's own
+	 * name the same context (a QPN reused since is another QP). */
+	while ((e = readdir(d))) {
+		struct urdma_qp_rec mrec, qrec;
 		unsigned int qpn;
-		char tail[2];
+		char tail[2], name[64];
+		bool seen = false;
 
 		if (strncmp(e->d_name, kind, klen) || e->d_name[klen] != '-' ||
 		    sscanf(e->d_name + klen + 1, "%x%1s", &qpn, tail) != 1 ||
 		    qpn > 0xffffff)
 			continue;
+		snprintf(name, sizeof(name), "%s-%x", kind, qpn);
+		for (int i = 0; i < n && !seen; i++)
+			seen = qpns[i] == qpn;
+		if (seen || strcmp(name, e->d_name) ||
+		    urdma_host_rec_find(kind, qpn, &mrec) ||
+		    urdma_host_qp_find(qpn, &qrec) ||
+		    mrec.ctx_id != qrec.ctx_id)
+			continue;
+		if (n == max) {
+			urdma_info("multicast group: more than %d QPs on this "
+				   "host; the others get nothing", max);
+			break;
+		}
 		qpns[n++] = qpn;
 	}
 	closedir(d);

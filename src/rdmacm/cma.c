@@ -524,7 +524,8 @@ int cma_send(struct cma_id *cid, enum cma_msg_type type,
 	m->psn = htonl(cid->id.qp_type == IBV_QPT_UD ? cma_ud_qkey(cid) : cid->psn);
 	gid = cid->id.route.addr.addr.ibaddr.sgid;
 	memcpy(m->gid, gid.raw, 16);
-	m->reason = htonl(reason);
+	/* A REQ says its port space (the service ID's part on IB). */
+	m->reason = htonl(type == CMA_REQ ? (uint32_t)cid->id.ps : reason);
 	if (len)
 		memcpy(m + 1, pdata, len);
 	r = send(cid->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);

@@ -373,6 +373,13 @@ static void cma_handle_msg(struct cma_id *cid, const struct cma_msg *m)
 	case CS_ACCEPT_WAIT:
 		if (m->type != CMA_REQ)
 			break;
+		/* A request of another port space (its service ID, on IB) is
+		 * not for this listener: RC and UD ids don't meet. */
+		if (ntohl(m->reason) && ntohl(m->reason) != cid->id.ps) {
+			cma_send(cid, CMA_REJ, NULL, 0, CMA_REJ_INVALID_SID);
+			cma_id_free(cid);
+			return;
+		}
 		cid->peer = *m;
 		cid->deadline_ns = 0;
 		cid->state = CS_REQ_RCVD;
@@ -398,10 +405,10 @@ static void cma_handle_msg(struct cma_id *cid, const struct cma_msg *m)
 		return;
 	case CS_REQ_SENT:
 		if (m->type == CMA_REJ && cid->id.qp_type == IBV_QPT_UD) {
-			/* As a SIDR reply that rejects: status 1. */
+			/* As a SIDR reply that rejects. */
 			cma_close_fd(cid);
 			cid->state = CS_REJECTED;
-			cma_post(cid, RDMA_CM_EVENT_UNREACHABLE, 1, m);
+			cma_post(cid, RDMA_CM_EVENT_UNREACHABLE, CMA_SIDR_REJECT, m);
 			return;
 		}
 		if (m->type == CMA_REJ) {

@@ -102,7 +102,8 @@ EXPORT int rdma_join_multicast_ex(struct rdma_cm_id *id,
 			goto out;
 		mc->attached = true;
 	}
-	mc->ip_fd = mc_ip_join(cid, attr->addr);
+	/* (a send-only member joins no IP group: it receives nothing) */
+	mc->ip_fd = send_only ? -1 : mc_ip_join(cid, attr->addr);
 	cid->nmc++;
 	e = cma_post(cid, RDMA_CM_EVENT_MULTICAST_JOIN, 0, NULL);
 	if (e) {
@@ -113,7 +114,7 @@ EXPORT int rdma_join_multicast_ex(struct rdma_cm_id *id,
 		u->ah_attr.grh.dgid = mc->mgid;
 		u->ah_attr.grh.sgid_index =
 			cma_gid_index(&id->route.addr.addr.ibaddr.sgid);
-		u->ah_attr.grh.hop_limit = 1;
+		u->ah_attr.grh.hop_limit = 64; /* as RoCEv2's */
 		u->ah_attr.grh.traffic_class = cid->tos;
 		u->ah_attr.port_num = id->port_num ? id->port_num : 1;
 		u->qp_num = 0xffffff;

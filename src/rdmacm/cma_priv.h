@@ -24,6 +24,8 @@
 #define CMA_CONNECT_TIMEOUT_MS 10000
 #define CMA_REQ_TIMEOUT_MS 10000
 #define CMA_REJ_CONSUMER 28 /* IB_CM_REJ_CONSUMER_DEFINED */
+#define CMA_REJ_INVALID_SID 8 /* IB_CM_REJ_INVALID_SERVICE_ID */
+#define CMA_SIDR_REJECT 2     /* IB_SIDR_REJECT: a UD request refused */
 
 enum cma_msg_type {
 	CMA_REQ = 1,

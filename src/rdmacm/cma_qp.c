@@ -29,8 +29,9 @@ void cma_ud_ah(struct cma_id *cid, const struct cma_msg *m,
 	       struct ibv_ah_attr *ah)
 {
 	memset(ah, 0, sizeof(*ah));
+	(void)m; /* (the address we reached it at, not one it claims) */
 	ah->is_global = 1;
-	memcpy(ah->grh.dgid.raw, m->gid, 16);
+	ah->grh.dgid = cid->id.route.addr.addr.ibaddr.dgid;
 	ah->grh.sgid_index = cma_gid_index(&cid->id.route.addr.addr.ibaddr.sgid);
 	ah->grh.hop_limit = 64;
 	ah->grh.traffic_class = cid->tos;

@@ -206,22 +206,33 @@ bool urdma_ud_net(void)
 	return net;
 }
 
-#define MCAST_LOCAL_MAX 256 /* QPs of this host a multicast reaches */
+#define MCAST_LOCAL_MAX 256   /* QPs of this host a multicast reaches */
+#define MCAST_WAIT_NS 200000000ull /* for new contexts' hellos, per WR */
 
 /* A multicast: to each QP of this host attached to the group, over shared
- * memory, and to the group's IP address for other hosts' (udp.c). */
+ * memory, and to the group's IP address for other hosts' (udp.c).  Its
+ * destination QPN is 0xffffff, or it reaches nobody, as on a NIC. */
 static enum urdma_tx ud_multicast(struct urdma_qp *qp, struct urdma_swqe *w,
 				  enum ibv_wc_status *status)
 {
 	uint32_t qpns[MCAST_LOCAL_MAX];
-	int n = urdma_ud_net() ? 0 :
-				 urdma_mcast_members(w->av.dgid, qpns,
-						     MCAST_LOCAL_MAX);
+	uint64_t until = urdma_now_ns() + MCAST_WAIT_NS;
+	int n;
 
+	if (w->ud_qpn != 0xffffff) {
+		qp->ud_drops++;
+		return URDMA_TX_DONE;
+	}
+	n = urdma_mcast_members(w->av.dgid, qpns, MCAST_LOCAL_MAX);
 	for (int i = 0; i < n; i++) {
+		uint64_t now = urdma_now_ns();
+
 		if (qpns[i] == qp->ibqp.qp_num && qp->block_self_mcast)
 			continue;
-		urdma_shm_ud_send(qp, w, qpns[i], status);
+		urdma_shm_ud_send(qp, w, qpns[i],
+				  now < until ? (int)((until - now) / 1000000) :
+						0,
+				  status);
 		if (*status != IBV_WC_SUCCESS)
 			return URDMA_TX_DONE;
 	}
@@ -238,7 +249,8 @@ static enum urdma_tx ud_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 		return ud_multicast(qp, w, status);
 	if (!urdma_ud_net() &&
 	    (!w->av.is_global || urdma_gid_is_local(qp->uctx, w->av.dgid)) &&
-	    urdma_shm_ud_send(qp, w, w->ud_qpn, status) != URDMA_UD_GONE)
+	    urdma_shm_ud_send(qp, w, w->ud_qpn, URDMA_UD_WAIT_MS, status) !=
+		    URDMA_UD_GONE)
 		return URDMA_TX_DONE;
 	return urdma_udp_send(qp, w, status);
 }

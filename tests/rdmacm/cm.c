@@ -630,18 +630,31 @@ static void ud_service_id(void *arg)
 	CHECK(rdma_reject(child, NULL, 0) == 0, "rdma_reject");
 	ev = expect_event(c2.ch, RDMA_CM_EVENT_UNREACHABLE, T_WAIT_MS);
 	if (ev) {
-		CHECK(ev->status == 1, "status %d, wanted 1 (SIDR reject)", ev->status);
+		CHECK(ev->status == 2, "status %d, wanted 2 (IB_SIDR_REJECT)", ev->status);
 		rdma_ack_cm_event(ev);
 	}
 	rdma_destroy_id(child);
 	end_free(&c2);
+
+	/* An RC request to the UD listener: another port space, refused
+	 * before the listener hears of it. */
+	struct end rc = { 0 };
+	struct rdma_conn_param rcp = { .retry_count = 7 };
+	client_resolve(&rc, ntohs(dst.sin_port));
+	REQUIRE(rdma_connect(rc.id, &rcp) == 0, "rdma_connect");
+	ev = expect_event(rc.ch, RDMA_CM_EVENT_REJECTED, T_WAIT_MS);
+	if (ev) {
+		CHECK(ev->status == 8, "status %d, wanted 8 (invalid service ID)", ev->status);
+		rdma_ack_cm_event(ev);
+	}
+	CHECK(!t_fd_readable(l.ch->fd, 100), "nothing at the UD listener");
+	end_free(&rc);
 	end_free(&c);
 	end_free(&l);
 }
 
 /* Multicast on UDP ids: the join event gives what a sender needs; a
- * member receives, the sender (which joined too) does not get its own
- * when it blocks it; leaving and the errors. */
+ * member receives; leaving and the errors. */
 static void ud_multicast(void *arg)
 {
 	struct end r = { 0 }, s = { 0 };

@@ -13,7 +13,6 @@
 #include "util/log.h"
 
 #define UD_DESTS 16
-#define UD_WAIT_MS 1000		     /* a new context's hello */
 #define UD_ABSENT_NS 1000000ull	     /* no such QP: look again after */
 #define UD_SILENT_NS 1000000000ull   /* its context did not answer */
 #define QKEY_CONTROLLED 0x80000000u
@@ -41,8 +40,9 @@ static void dest_forget(struct ud_dest *u)
 	u->state = DEST_FREE;
 }
 
-/* Find QP qpn (of ours, on this host, a UD QP) into u: 0 or -errno. */
-static int dest_attach(struct ud_dest *u, uint32_t qpn)
+/* Find QP qpn (of ours, on this host, a UD QP) into u, waiting up to
+ * wait_ms for a new context's hello: 0 or -errno. */
+static int dest_attach(struct ud_dest *u, uint32_t qpn, int wait_ms)
 {
 	struct urdma_qp_rec rec;
 	struct urdma_shm_qp *h;
@@ -55,7 +55,7 @@ static int dest_attach(struct ud_dest *u, uint32_t qpn)
 	if (!p)
 		return -errno;
 	urdma_peer_set(&u->peer, p);
-	ret = urdma_peer_wait(p, UD_WAIT_MS);
+	ret = urdma_peer_wait(p, wait_ms);
 	if (ret)
 		return ret;
 	h = urdma_shm_qp_map(p, &rec, qpn, &u->d.rq);
@@ -73,7 +73,7 @@ static int dest_attach(struct ud_dest *u, uint32_t qpn)
 /* The destination QP qpn, found now or before; NULL (and why) if the
  * datagram can't go. */
 static struct ud_dest *dest_get(struct urdma_qp *qp, uint32_t qpn,
-				const char **why)
+				int wait_ms, const char **why)
 {
 	struct urdma_ud_dests *ds = qp->ud;
 	struct ud_dest *u = NULL, *victim;
@@ -110,7 +110,7 @@ static struct ud_dest *dest_get(struct urdma_qp *qp, uint32_t qpn,
 	dest_forget(u);
 	u->qpn = qpn;
 	u->used = ++ds->clock;
-	ret = dest_attach(u, qpn);
+	ret = dest_attach(u, qpn, wait_ms);
 	if (ret) {
 		dest_forget(u);
 		u->qpn = qpn;
@@ -128,7 +128,8 @@ static struct ud_dest *dest_get(struct urdma_qp *qp, uint32_t qpn,
 
 /* Send w over shared memory (ud.h). */
 enum urdma_ud_res urdma_shm_ud_send(struct urdma_qp *qp, struct urdma_swqe *w,
-				    uint32_t qpn, enum ibv_wc_status *status)
+				    uint32_t qpn, int wait_ms,
+				    enum ibv_wc_status *status)
 {
 	struct urdma_span local[URDMA_MAX_SGE + 1];
 	uint8_t data[URDMA_UD_MTU];
@@ -168,7 +169,7 @@ enum urdma_ud_res urdma_shm_ud_send(struct urdma_qp *qp, struct urdma_swqe *w,
 	/* A QP found before may be gone, its number another's now: look
 	 * again, once. */
 	for (int tries = 0; tries < 2; tries++) {
-		u = dest_get(qp, qpn, &why);
+		u = dest_get(qp, qpn, wait_ms, &why);
 		if (!u)
 			return URDMA_UD_GONE; /* not one of ours here: UDP */
 		res = urdma_ud_deliver(&u->d, u->peer, urdma_peer_shm(u->peer),

@@ -51,7 +51,10 @@ struct udp_sock {
 	pthread_mutex_t qp_lock;
 	pthread_mutex_t rx_lock;      /* one reader; buf */
 	_Atomic uint64_t last_rx_ns;
-	int mc_ifindex; /* the interface multicasts were last sent on (+1) */
+	/* Multicasts sent: the interface (+1) and TTL set last, under
+	 * mc_lock with the sendmsg they are for. */
+	pthread_mutex_t mc_lock;
+	int mc_ifindex, mc_ttl;
 	_Atomic uint64_t drops[ROCE_NERR + 1]; /* [ROCE_NERR]: no such QP */
 	uint8_t buf[ROCE_HDR_MAX + URDMA_UD_MTU + ROCE_ICRC + 64];
 };
@@ -205,6 +208,16 @@ void urdma_udp_mcast_leave(struct urdma_qp *qp, const union ibv_gid *gid)
 		g->qps[i] = g->qps[--g->n];
 		break;
 	}
+	/* The port goes with the last member (the progress thread frees
+	 * the socket between its passes). */
+	for (int i = 0; i < UDP_MCGS && M.s; i++)
+		if (M.g[i].n)
+			goto out;
+	if (M.s) {
+		urdma_progress_retire(M.s->fd, &M.s->w);
+		M.s = NULL;
+	}
+out:
 	pthread_mutex_unlock(&M.lock);
 }
 
@@ -224,8 +237,9 @@ static void mcast_deliver(struct udp_sock *s, struct urdma_ud_msg *msg)
 		const char *why = NULL;
 		int tell = 0;
 
-		if (qp->block_self_mcast && qp->ibqp.qp_num == msg->src_qp)
-			continue;
+		if (qp->block_self_mcast && qp->ibqp.qp_num == msg->src_qp &&
+		    urdma_gid_is_local(qp->uctx, msg->grh->sgid.raw))
+			continue; /* (its own, looped back) */
 		own_dest(qp, &d);
 		msg->qpn = qp->ibqp.qp_num;
 		if (urdma_ud_deliver(&d, NULL, qp->uctx->shm, msg, &tell,
@@ -368,6 +382,7 @@ static void sock_release(struct urdma_watcher *w)
 	close(s->fd);
 	pthread_mutex_destroy(&s->rx_lock);
 	pthread_mutex_destroy(&s->qp_lock);
+	pthread_mutex_destroy(&s->mc_lock);
 	urdma_free(s);
 }
 
@@ -391,6 +406,7 @@ static struct udp_sock *sock_new(uint16_t port)
 	s->w.release = sock_release;
 	pthread_mutex_init(&s->rx_lock, NULL);
 	pthread_mutex_init(&s->qp_lock, NULL);
+	pthread_mutex_init(&s->mc_lock, NULL);
 	if (port)
 		sa.v4 = (struct sockaddr_in){ .sin_family = AF_INET,
 					      .sin_port = htons(port) };
@@ -429,6 +445,7 @@ err:
 		   "reachable from other hosts");
 	pthread_mutex_destroy(&s->rx_lock);
 	pthread_mutex_destroy(&s->qp_lock);
+	pthread_mutex_destroy(&s->mc_lock);
 	urdma_free(s);
 	return NULL;
 }
@@ -523,22 +540,22 @@ void urdma_udp_qpn_release(uint32_t qpn)
 
 /* ---- sending ---- */
 
-/* Socket s is to send a multicast to av's group: out of the interface of
- * its source GID, not looped back to this host (whose QPs got theirs over
- * shared memory: ud.c), unless UDP carries everything.  -1 if the group
- * has no IPv4 address. */
+/* Socket s is to send a multicast to av's group (under s->mc_lock until
+ * it is sent): out of the interface of its source GID, TTL its hop limit,
+ * not looped back to this host, whose QPs got theirs over shared memory
+ * (ud.c).  -1 if the group has no IPv4 address. */
 static int mcast_prepare(struct urdma_qp *qp, struct udp_sock *s,
 			 const struct urdma_av *av)
 {
 	union ibv_gid g;
 	int ifindex = qp->uctx->gids[av->sgid_index].ifindex;
+	int ttl = av->hop_limit ? av->hop_limit : 1, loop = 0;
 
 	memcpy(g.raw, av->dgid, 16);
 	if (!gid_v4(&g))
 		return -1;
-	if (s->mc_ifindex != ifindex + 1) {
+	if (s->mc_ifindex != ifindex + 1 || s->mc_ttl != ttl) {
 		struct ip_mreqn mr = { .imr_ifindex = ifindex };
-		int loop = urdma_ud_net(), ttl = av->hop_limit ? av->hop_limit : 1;
 
 		setsockopt(s->fd, IPPROTO_IP, IP_MULTICAST_IF, &mr, sizeof(mr));
 		setsockopt(s->fd, IPPROTO_IP, IP_MULTICAST_LOOP, &loop,
@@ -546,6 +563,7 @@ static int mcast_prepare(struct urdma_qp *qp, struct udp_sock *s,
 		setsockopt(s->fd, IPPROTO_IP, IP_MULTICAST_TTL, &ttl,
 			   sizeof(ttl));
 		s->mc_ifindex = ifindex + 1;
+		s->mc_ttl = ttl;
 	}
 	return 0;
 }
@@ -598,6 +616,7 @@ enum urdma_tx urdma_udp_send(struct urdma_qp *qp, struct urdma_swqe *w,
 	uint32_t pad, crc;
 	size_t hlen;
 	int nl = 0;
+	bool mcast;
 	ssize_t n;
 
 	*status = urdma_local_spans(qp, w, local, &nl, 0);
@@ -611,10 +630,13 @@ enum urdma_tx urdma_udp_send(struct urdma_qp *qp, struct urdma_swqe *w,
 		qp->ud_drops++;
 		return URDMA_TX_DONE;
 	}
-	if (w->av.is_global && urdma_gid_is_mcast(w->av.dgid) &&
-	    mcast_prepare(qp, s, &w->av)) {
-		qp->ud_drops++; /* (an IPv6 group: this host only) */
-		return URDMA_TX_DONE;
+	mcast = w->av.is_global && urdma_gid_is_mcast(w->av.dgid);
+	if (mcast) {
+		pthread_mutex_lock(&s->mc_lock);
+		if (mcast_prepare(qp, s, &w->av)) { /* (IPv6: this host only) */
+			pthread_mutex_unlock(&s->mc_lock);
+			return URDMA_TX_DONE;
+		}
 	}
 	dest_addr(qp, &w->av, w->ud_qpn, &sa);
 	hlen = roce_build(&m, h, &pad);
@@ -633,6 +655,8 @@ enum urdma_tx urdma_udp_send(struct urdma_qp *qp, struct urdma_swqe *w,
 		if (poll(&pf, 1, UDP_SEND_WAIT_MS) > 0)
 			n = sendmsg(s->fd, &mh, MSG_DONTWAIT);
 	}
+	if (mcast)
+		pthread_mutex_unlock(&s->mc_lock);
 	if (n < 0) {
 		qp->ud_drops++;
 		urdma_dbg("udp: qp %#x: datagram %#llx to QP %#x not sent: %m",
