@@ -10,6 +10,7 @@
 #   8 B ib_send_lat / ib_write_lat one-way latency (t_typical)  vs UCX ucp_am_lat 8 B (p50)
 #   1 MiB ib_write_bw (GB/s = 1e9 B/s)   vs UCX UCT cma put_bw zcopy 1 MiB, libfabric shm fi_pingpong 1 MiB
 #   8 B ib_send_bw message rate (Mmsg/s) vs UCX ucp_am_bw 8 B message rate
+#   the same two sends over UD (-c UD; the rate as received, for 2 s)
 #
 # Usage: bench.sh [BUILD_DIR]   (default: <source>/build)
 # Output: the table on stdout and in BUILD_DIR/bench/results.md; raw logs in
@@ -117,7 +118,7 @@ have ss iproute2 || exit 2
 PAIR_SRV_PFX=()
 PAIR_CLI_PFX=()
 PAIR_SERVER_STAYS=0
-port_listening() { "${PAIR_SRV_PFX[@]}" ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
+port_listening() { "${PAIR_SRV_PFX[@]}" ss -Hltun "sport = :$1" 2>/dev/null | grep -q .; }  # (TCP or UDP)
 next_port() {
     PORT=$((PORT + 1))
     while port_listening "$PORT"; do PORT=$((PORT + 1)); done
@@ -185,11 +186,12 @@ perftest_col() {
 # --- the measurements; each sets VAL to one number (empty on failure) ----
 # (They run in the main shell, not in $(...), so PORT and BG_PIDS persist.)
 
-urdma_lat() {  # TEST: median (t_typical) one-way latency in usec, 8 B
-    local t=$1 tag=$1.$REP col
+urdma_lat() {  # TEST [ARGS]: median (t_typical) one-way latency in usec, 8 B
+    local t=$1 tag=$1${2:+-ud}.$REP col
+    shift
     next_port
-    pair "$tag" 30 "" "$URDMA" run "$t" -d "$DEV" -p "$PORT" -F -s 8 -n 20000 -- \
-        "$URDMA" run "$t" -d "$DEV" -p "$PORT" -F -s 8 -n 20000 127.0.0.1 || return 1
+    pair "$tag" 30 "" "$URDMA" run "$t" -d "$DEV" -p "$PORT" -F -s 8 -n 20000 "$@" -- \
+        "$URDMA" run "$t" -d "$DEV" -p "$PORT" -F -s 8 -n 20000 "$@" 127.0.0.1 || return 1
     col=$(perftest_col "$PAIR_LOG" t_typical)
     [ -n "$col" ] || col=5
     VAL=$(perftest_row "$PAIR_LOG" | awk -v c="$col" '{ print $c }')
@@ -210,6 +212,14 @@ urdma_send_rate() {  # Mmsg/s, 8 B ib_send_bw
     pair "$tag" 40 "" "$URDMA" run ib_send_bw -d "$DEV" -p "$PORT" -F -s 8 -n 1000000 -- \
         "$URDMA" run ib_send_bw -d "$DEV" -p "$PORT" -F -s 8 -n 1000000 127.0.0.1 || return 1
     VAL=$(perftest_row "$PAIR_LOG" | awk '{ printf "%.3f\n", $5 }')
+}
+
+urdma_ud_rate() {  # Mmsg/s, 8 B ib_send_bw -c UD for 2 s, as received
+    local tag=ib_send_bw-ud.$REP
+    next_port
+    pair "$tag" 40 "" "$URDMA" run ib_send_bw -d "$DEV" -p "$PORT" -F -c UD -s 8 -D 2 -- \
+        "$URDMA" run ib_send_bw -d "$DEV" -p "$PORT" -F -c UD -s 8 -D 2 127.0.0.1 || return 1
+    VAL=$(perftest_row "$LOGS/$tag.server.log" | awk '{ printf "%.3f\n", $5 }')
 }
 
 # ucx_perftest -f final line: iters p50 avg overall bw_avg bw_overall rate_avg rate_overall
@@ -251,7 +261,7 @@ fi_shm_bw() {  # GB/s; fi_pingpong MB/sec is 1e6 B/s
 # --- what can run ----------------------------------------------------------
 
 declare -A VALS=() FAILS=() NOTE=()
-ALL=(send_lat write_lat write_bw send_rate ucx_lat ucx_rate ucx_put fi_bw)
+ALL=(send_lat write_lat write_bw send_rate ud_lat ud_rate ucx_lat ucx_rate ucx_put fi_bw)
 RUNNABLE=()
 
 URDMA_OK=0
@@ -264,7 +274,7 @@ elif ! have ib_send_lat perftest; then
     NOTE[urdma]="perftest not installed"
 else
     URDMA_OK=1
-    RUNNABLE+=(send_lat write_lat write_bw send_rate)
+    RUNNABLE+=(send_lat write_lat write_bw send_rate ud_lat ud_rate)
 fi
 [ "$URDMA_OK" = 1 ] || say "bench: urdma figures n/a: ${NOTE[urdma]}"
 if have ucx_perftest ucx-utils; then RUNNABLE+=(ucx_lat ucx_rate ucx_put); fi
@@ -276,6 +286,8 @@ measure() {  # KEY -> function
         write_lat) urdma_lat ib_write_lat ;;
         write_bw) urdma_write_bw ;;
         send_rate) urdma_send_rate ;;
+        ud_lat) urdma_lat ib_send_lat -c UD ;;
+        ud_rate) urdma_ud_rate ;;
         ucx_lat) ucx_am_lat ;;
         ucx_rate) ucx_am_rate ;;
         ucx_put) ucx_cma_put ;;
@@ -284,7 +296,7 @@ measure() {  # KEY -> function
 }
 
 # Interleaved order: each urdma metric next to its peer.
-ORDER=(send_lat ucx_lat write_lat write_bw ucx_put fi_bw send_rate ucx_rate)
+ORDER=(send_lat ucx_lat write_lat write_bw ucx_put fi_bw send_rate ucx_rate ud_lat ud_rate)
 say "bench: $REPS repetitions, budget ${BUDGET}s, logs in $LOGS"
 REP=0
 DONE_REPS=0
@@ -329,6 +341,7 @@ goal_met() {  # VALUE OP LIMIT
 
 SL=$(med send_lat); WL=$(med write_lat); WB=$(med write_bw); SR=$(med send_rate)
 UL=$(med ucx_lat); UR=$(med ucx_rate); UP=$(med ucx_put); FB=$(med fi_bw)
+DL=$(med ud_lat); DR=$(med ud_rate)
 
 row() {  # metric urdma peer-name peer goal-op goal-limit goal-text
     printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$1" "$2" "$3" "$4" \
@@ -342,7 +355,8 @@ row() {  # metric urdma peer-name peer goal-op goal-limit goal-text
          "($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), loopback," \
          "$PIN_TEXT, median of up to $DONE_REPS runs" \
          "(runs per metric: send_lat $(count send_lat), write_lat $(count write_lat)," \
-         "write_bw $(count write_bw), send_rate $(count send_rate), ucx_lat $(count ucx_lat)," \
+         "write_bw $(count write_bw), send_rate $(count send_rate), ud_lat $(count ud_lat)," \
+         "ud_rate $(count ud_rate), ucx_lat $(count ucx_lat)," \
          "ucx_rate $(count ucx_rate), ucx_put $(count ucx_put), fi_bw $(count fi_bw)); GB = 1e9 B."
     echo
     echo "| metric | urdma | peer | peer figure | urdma/peer | goal | met |"
@@ -352,6 +366,8 @@ row() {  # metric urdma peer-name peer goal-op goal-limit goal-text
     row "1 MiB ib_write_bw, GB/s" "$WB" "UCX UCT cma put_bw zcopy 1 MiB" "$UP" ">=" 15 "≥ 15 GB/s"
     row "1 MiB ib_write_bw, GB/s" "$WB" "libfabric shm fi_pingpong 1 MiB" "$FB" ">=" 15 "≥ 15 GB/s"
     row "8 B ib_send_bw message rate, Mmsg/s" "$SR" "UCX ucp_am_bw 8 B rate (posix)" "$UR" ">=" 3 "≥ 3 Mmsg/s"
+    row "8 B ib_send_lat -c UD one-way latency, µs (t_typical)" "$DL" "UCX ucp_am_lat 8 B p50 (posix)" "$UL" "<=" 1.0 "≤ 1.0 µs"
+    row "8 B ib_send_bw -c UD rate received, Mmsg/s (2 s)" "$DR" "UCX ucp_am_bw 8 B rate (posix)" "$UR" ">=" 3 "≥ 3 Mmsg/s"
     echo
     echo "Latency ratio: lower is better; bandwidth and rate ratio: higher is better."
     [ "$URDMA_OK" = 1 ] || echo "urdma figures n/a: ${NOTE[urdma]}."
@@ -372,6 +388,7 @@ row() {  # metric urdma peer-name peer goal-op goal-limit goal-text
 #   1 MiB ib_write_bw for 3 s (-D 3)   vs iperf3, one stream, 1 MiB writes, 3 s
 #   8 B ib_send_lat / ib_write_lat     vs sockperf ping-pong (14 B, its minimum),
 #   one-way latency, median              UCX ucp_am_lat 8 B with UCX_TLS=tcp
+#   8 B ib_send_lat -c UD (over UDP)   vs sockperf UDP ping-pong 14 B
 
 # shellcheck source-path=SCRIPTDIR source=../tests/net/netns.sh
 . "$HERE/../tests/net/netns.sh"
@@ -395,11 +412,12 @@ tcp_path() {  # lo|veth: where pair runs the two sides
     T_CLI=(env URDMA_TRANSPORT=tcp URDMA_SHM_DIR="$OUTDIR/shm-client" "$URDMA" run)
 }
 
-tcp_urdma_lat() {  # TEST: t_typical one-way latency in usec, 8 B
-    local t=$1 tag=tcp-$T_PATH.$1.$REP col
+tcp_urdma_lat() {  # TEST [ARGS]: t_typical one-way latency in usec, 8 B
+    local t=$1 tag=tcp-$T_PATH.$1${2:+-ud}.$REP col
+    shift
     next_port
-    pair "$tag" 30 "" "${T_SRV[@]}" "$t" -d "$DEV" -p "$PORT" -F -x "${T_GID[$T_PATH.srv]}" -s 8 -n 20000 -- \
-        "${T_CLI[@]}" "$t" -d "$DEV" -p "$PORT" -F -x "${T_GID[$T_PATH.cli]}" -s 8 -n 20000 "$T_IP" || return 1
+    pair "$tag" 30 "" "${T_SRV[@]}" "$t" -d "$DEV" -p "$PORT" -F -x "${T_GID[$T_PATH.srv]}" -s 8 -n 20000 "$@" -- \
+        "${T_CLI[@]}" "$t" -d "$DEV" -p "$PORT" -F -x "${T_GID[$T_PATH.cli]}" -s 8 -n 20000 "$@" "$T_IP" || return 1
     col=$(perftest_col "$PAIR_LOG" t_typical)
     [ -n "$col" ] || col=5
     VAL=$(perftest_row "$PAIR_LOG" | awk -v c="$col" '{ print $c }')
@@ -421,12 +439,14 @@ tcp_iperf3() {  # GB/s, received, one stream
                    gsub(/[^0-9.e+]/, "", $2); printf "%.3f\n", $2 / 8e9; exit }' "$PAIR_LOG")
 }
 
-tcp_sockperf() {  # usec, p50 one-way (sockperf reports half the round trip)
-    local tag=tcp-$T_PATH.sockperf.$REP
+tcp_sockperf() {  # [udp]: usec, p50 one-way (sockperf reports half the round trip)
+    local tag=tcp-$T_PATH.sockperf${1:+-udp}.$REP proto=--tcp
+    [ "${1:-}" = udp ] && proto=""
     next_port
     PAIR_SERVER_STAYS=1
-    pair "$tag" 30 "" sockperf sr --tcp -i "$T_IP" -p "$PORT" -- \
-        sockperf pp --tcp -i "$T_IP" -p "$PORT" -m 14 -t 3
+    # shellcheck disable=SC2086  # proto: a word or none
+    pair "$tag" 30 "" sockperf sr $proto -i "$T_IP" -p "$PORT" -- \
+        sockperf pp $proto -i "$T_IP" -p "$PORT" -m 14 -t 3
     local rc=$?
     PAIR_SERVER_STAYS=0
     [ "$rc" -eq 0 ] || return 1
@@ -457,7 +477,7 @@ bench_tcp() {
     local -a paths=(lo) keys=()
     local p k note=""
     have iperf3 iperf3 && keys+=(iperf3)
-    have sockperf sockperf && keys+=(sockperf)
+    have sockperf sockperf && keys+=(sockperf sockperf_udp)
     have ucx_perftest ucx-utils && keys+=(ucx)
     if netns_setup; then
         paths+=(veth)
@@ -474,7 +494,7 @@ bench_tcp() {
     if [ "$URDMA_OK" = 1 ] &&
        pair tcp-probe 15 "" "${T_SRV[@]}" ib_write_lat -d "$DEV" -p "$PORT" -F -x "${T_GID[lo.srv]}" -n 100 -- \
            "${T_CLI[@]}" ib_write_lat -d "$DEV" -p "$PORT" -F -x "${T_GID[lo.cli]}" -n 100 127.0.0.1; then
-        keys=(write_bw send_lat write_lat "${keys[@]}")
+        keys=(write_bw send_lat write_lat ud_lat "${keys[@]}")
     else
         note="${note:+$note }urdma over TCP n/a: the probe failed (see $LOGS/tcp-probe.*)."
         say "bench: urdma over TCP n/a (see $LOGS/tcp-probe.*)"
@@ -494,6 +514,8 @@ bench_tcp() {
                     write_lat) tcp_urdma_lat ib_write_lat ;;
                     iperf3) tcp_iperf3 ;;
                     sockperf) tcp_sockperf ;;
+                    sockperf_udp) tcp_sockperf udp ;;
+                    ud_lat) tcp_urdma_lat ib_send_lat -c UD ;;
                     ucx) tcp_ucx_lat ;;
                 esac
                 keep TCP_VALS TCP_FAILS "$p.$k" "tcp rep $REP $p $k" "$LOGS/tcp-$p.*.$REP.*"
@@ -521,6 +543,9 @@ bench_tcp() {
                 tcp_row "$p" "8 B ib_${k}, one-way µs (t_typical)" "$(tmed "$p.$k")" \
                     "UCX ucp_am_lat 8 B p50, UCX_TLS=tcp" "$(tmed "$p.ucx")"
             done
+            tcp_row "$p" "8 B ib_send_lat -c UD over UDP, one-way µs (t_typical)" \
+                "$(tmed "$p.ud_lat")" "sockperf UDP ping-pong 14 B, one-way p50" \
+                "$(tmed "$p.sockperf_udp")"
         done
         echo
         echo "Latency ratio: lower is better; bandwidth ratio: higher is better.${note:+ $note}"
