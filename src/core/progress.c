@@ -132,6 +132,9 @@ static bool maintain_all(bool check_mrs)
 	for (int i = 0; urdma_transports[i]; i++)
 		if (urdma_transports[i]->tick)
 			urdma_transports[i]->tick();
+	for (int i = 0; urdma_ud_transports[i]; i++)
+		if (urdma_ud_transports[i]->tick)
+			urdma_ud_transports[i]->tick();
 	pthread_mutex_lock(&ctx_lock);
 	list_for_each_entry(uctx, &ctxs, node) {
 		pthread_mutex_lock(&uctx->lock);

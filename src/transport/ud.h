@@ -63,6 +63,8 @@ void urdma_shm_ud_forget(struct urdma_qp *qp);
 enum urdma_tx urdma_udp_send(struct urdma_qp *qp, struct urdma_swqe *w,
 			     enum ibv_wc_status *status);
 void urdma_udp_poll(struct urdma_qp *qp);
+void urdma_udp_armed(struct urdma_qp *qp);
+void urdma_udp_tick(void);
 int urdma_udp_qpn_reserve(uint32_t *qpn);
 void urdma_udp_qpn_bind(struct urdma_qp *qp);
 void urdma_udp_qpn_unbind(struct urdma_qp *qp);

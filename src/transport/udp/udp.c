@@ -12,7 +12,10 @@
  *
  * Receiving: the progress thread watches each socket; ibv_poll_cq on a
  * UD QP's CQ also reads its socket when datagrams came in the last
- * second, so a polling program needs no thread switch.  A datagram is
+ * second, so a polling program needs no thread switch, and while it polls
+ * the progress thread stops watching (parking, as the TCP transport's):
+ * its wake-up per datagram would only take a CPU from the program.  Polls
+ * UDP_PARK_IDLE_NS apart, or an armed CQ, give the socket back.  A datagram is
  * parsed and checked (roce.c), then delivered into the QP's own receive
  * queue as a sender over shared memory would (../ud.c), with a GRH made
  * of its IP addresses, as RoCEv2's receivers report one.  Malformed
@@ -38,6 +41,8 @@
 #define UDP_SEND_WAIT_MS 100	     /* for room in a full socket */
 #define UDP_RX_BATCH 64		     /* datagrams per read pass */
 #define UDP_RCVBUF (8 << 20)
+#define UDP_PARK_IDLE_NS 200000ull   /* no poll for this long: watch again */
+#define UDP_PARK_CHECK_NS 2000000ull /* how soon the progress thread looks */
 
 struct udp_sock {
 	struct urdma_watcher w;
@@ -51,6 +56,11 @@ struct udp_sock {
 	pthread_mutex_t qp_lock;
 	pthread_mutex_t rx_lock;      /* one reader; buf */
 	_Atomic uint64_t last_rx_ns;
+	/* Parked: a program's polls read it, the progress thread does not
+	 * watch it (park_lock orders the changes and their epoll_ctl). */
+	pthread_mutex_t park_lock;
+	_Atomic bool parked;
+	_Atomic uint64_t last_poll_ns;
 	/* Multicasts sent: the interface (+1) and TTL set last, under
 	 * mc_lock with the sendmsg they are for. */
 	pthread_mutex_t mc_lock;
@@ -357,14 +367,75 @@ static void sock_cb(struct urdma_watcher *w, uint32_t events)
 	sock_rx(container_of(w, struct udp_sock, w));
 }
 
+/* Watch s (the progress thread reads it) or not (parked). */
+static void sock_park(struct udp_sock *s, bool park)
+{
+	pthread_mutex_lock(&s->park_lock);
+	if (atomic_load(&s->parked) != park) {
+		atomic_store(&s->parked, park);
+		urdma_progress_watch_events(s->fd, park ? 0 : EPOLLIN,
+					    URDMA_WATCH_FN, &s->w, true);
+	}
+	pthread_mutex_unlock(&s->park_lock);
+}
+
+/* The CQ of a QP of s is armed: its program may sleep. */
+static void udp_armed_sock(struct udp_sock *s)
+{
+	if (atomic_load_explicit(&s->parked, memory_order_relaxed))
+		sock_park(s, false);
+}
+
 void urdma_udp_poll(struct urdma_qp *qp)
 {
 	struct udp_sock *s = qp->tr_priv;
+	uint64_t now;
 
-	if (s && urdma_now_ns() - atomic_load_explicit(&s->last_rx_ns,
-						       memory_order_relaxed) <
-			 UDP_ACTIVE_NS)
-		sock_rx(s);
+	if (!s)
+		return;
+	now = urdma_now_ns();
+	if (now - atomic_load_explicit(&s->last_rx_ns, memory_order_relaxed) >=
+	    UDP_ACTIVE_NS)
+		return;
+	atomic_store_explicit(&s->last_poll_ns, now, memory_order_relaxed);
+	/* (a program whose CQ is armed is about to sleep: it keeps the
+	 * progress thread watching) */
+	if (__atomic_load_n(&qp->rcq->armed, __ATOMIC_RELAXED))
+		udp_armed_sock(s);
+	else if (!atomic_load_explicit(&s->parked, memory_order_relaxed)) {
+		sock_park(s, true);
+		urdma_progress_by(now + UDP_PARK_CHECK_NS);
+	}
+	sock_rx(s);
+}
+
+void urdma_udp_armed(struct urdma_qp *qp)
+{
+	if (qp->tr_priv)
+		udp_armed_sock(qp->tr_priv);
+}
+
+/* Progress thread, each pass: a parked socket nobody polls any more is
+ * watched again. */
+void urdma_udp_tick(void)
+{
+	uint64_t now = urdma_now_ns();
+
+	pthread_mutex_lock(&U.lock);
+	for (int i = 0; i < UDP_SOCKS; i++) {
+		struct udp_sock *s = U.s[i];
+		uint64_t last;
+
+		if (!s || !atomic_load_explicit(&s->parked, memory_order_relaxed))
+			continue;
+		last = atomic_load_explicit(&s->last_poll_ns,
+					    memory_order_relaxed);
+		if (now - last >= UDP_PARK_IDLE_NS)
+			sock_park(s, false);
+		else
+			urdma_progress_by(last + UDP_PARK_IDLE_NS);
+	}
+	pthread_mutex_unlock(&U.lock);
 }
 
 /* ---- sockets and QP numbers ---- */
@@ -383,6 +454,7 @@ static void sock_release(struct urdma_watcher *w)
 	pthread_mutex_destroy(&s->rx_lock);
 	pthread_mutex_destroy(&s->qp_lock);
 	pthread_mutex_destroy(&s->mc_lock);
+	pthread_mutex_destroy(&s->park_lock);
 	urdma_free(s);
 }
 
@@ -407,6 +479,7 @@ static struct udp_sock *sock_new(uint16_t port)
 	pthread_mutex_init(&s->rx_lock, NULL);
 	pthread_mutex_init(&s->qp_lock, NULL);
 	pthread_mutex_init(&s->mc_lock, NULL);
+	pthread_mutex_init(&s->park_lock, NULL);
 	if (port)
 		sa.v4 = (struct sockaddr_in){ .sin_family = AF_INET,
 					      .sin_port = htons(port) };
@@ -446,6 +519,7 @@ err:
 	pthread_mutex_destroy(&s->rx_lock);
 	pthread_mutex_destroy(&s->qp_lock);
 	pthread_mutex_destroy(&s->mc_lock);
+	pthread_mutex_destroy(&s->park_lock);
 	urdma_free(s);
 	return NULL;
 }
