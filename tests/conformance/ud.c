@@ -781,8 +781,8 @@ static void ud_hostile(void *arg)
 	SEND_PKT(n);					/* no such QP */
 	n = rf_ud_send(pkt, qp->qp_num, QKEY + 1, 0x123456, "qkey....", 8, true);
 	SEND_PKT(n);					/* another Q_Key */
-	memset(buf + 3 * 4096, 0, 4096);
-	n = rf_ud_send(pkt, qp->qp_num, QKEY, 0x123456, buf + 3 * 4096, 4100, true);
+	static const uint8_t big[4100];
+	n = rf_ud_send(pkt, qp->qp_num, QKEY, 0x123456, big, sizeof(big), true);
 	SEND_PKT(n);					/* longer than the MTU */
 	n = rf_ud_send(pkt, qp->qp_num, QKEY, 0x123456, "good one", 8, true);
 	SEND_PKT(n);

@@ -12,7 +12,9 @@
  *    completion index and entries written by someone else: it never
  *    reports more than was posted, every completion's WR id is one that was
  *    posted, its status and opcode are ones a receive can have, a Send
- *    never longer than its receive; nonsense stops it.
+ *    never longer than its receive; for a UD QP (whose ring any process
+ *    of the user may write into) only Sends of at least the GRH's 40
+ *    bytes, with a 24-bit source QPN and an SL; nonsense stops it.
  *
  * Input: a little-endian header of choices (QPN and context matches, the
  * block size the record claims, the owner's private indices), then the
@@ -40,7 +42,8 @@
 #define OWN_SGE 2
 
 struct choices {
-	uint8_t flags; /* bit 0: QPN matches, 1: context matches */
+	uint8_t flags; /* bit 0: QPN matches, 1: context matches, 2: a good
+			* header, 3: the owner is a UD QP */
 	uint8_t nharvest;
 	uint16_t claim; /* the record's block size, in 64-byte units */
 	uint32_t prod, poll, done;
@@ -160,6 +163,8 @@ static void owner(const struct choices *c, const uint8_t *ring_in, size_t len)
 	qp->rq_poll = poll0;
 	atomic_store(&qp->shm->rq_done, c->done); /* anyone's */
 	qp->ibqp.qp_num = QPN;
+	/* A UD QP's ring has many writers, and its entries more fields. */
+	qp->ibqp.qp_type = c->flags & 8 ? IBV_QPT_UD : IBV_QPT_RC;
 	n = urdma_qp_harvest(qp, wc, 1 + c->nharvest % (OWN_SIZE + 3));
 	FUZZ_ASSERT(n >= 0 && (uint32_t)n <= posted, "%d completions, %u posted", n, posted);
 	FUZZ_ASSERT(qp->rq_poll == poll0 + (uint32_t)n, "poll moved by %u, %d reported",
@@ -183,6 +188,15 @@ static void owner(const struct choices *c, const uint8_t *ring_in, size_t len)
 		FUZZ_ASSERT(!(wc[i].status == IBV_WC_SUCCESS &&
 			      (wc[i].wc_flags & IBV_WC_WITH_INV)),
 			    "an invalidation reported done with no window");
+		if (qp->ibqp.qp_type != IBV_QPT_UD)
+			continue;
+		/* A UD receive: a Send, at least the GRH's 40 bytes. */
+		FUZZ_ASSERT(wc[i].opcode == IBV_WC_RECV &&
+				    !(wc[i].wc_flags & ~(unsigned)(IBV_WC_WITH_IMM | IBV_WC_GRH)) &&
+				    wc[i].src_qp <= 0xffffff && wc[i].sl <= 15 &&
+				    (wc[i].status != IBV_WC_SUCCESS || wc[i].byte_len >= 40),
+			    "a UD completion that can't be: opcode %u flags %#x len %u",
+			    wc[i].opcode, wc[i].wc_flags, wc[i].byte_len);
 	}
 	n_harvested += n > 0;
 	n_bad += atomic_load(&qp->rq_bad);
@@ -260,7 +274,7 @@ static size_t make_input(uint8_t *in, size_t cap)
 
 	if (len > cap)
 		return 0;
-	c.flags = next() & 7;
+	c.flags = next() & 15;
 	c.nharvest = next();
 	c.claim = (uint16_t)((blen + 63) / 64 - (next() % 4 == 0));
 	c.prod = next() % (OWN_SIZE + 1);
