@@ -157,6 +157,7 @@ uint32_t urdma_rq_flush(struct urdma_qp *qp)
 void urdma_rq_reset(struct urdma_qp *qp)
 {
 	pthread_mutex_lock(&qp->rq_lock);
+	atomic_fetch_add(&qp->shm->rq_epoch, 1);
 	atomic_store(&qp->rq_prod, 0);
 	atomic_store(&qp->shm->rq_prod, 0);
 	atomic_store(&qp->shm->rq_done, 0);

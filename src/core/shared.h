@@ -42,7 +42,7 @@
 #include <stdint.h>
 
 #define URDMA_SHM_MAGIC 0x75726d61u /* "urma" */
-#define URDMA_SHM_VERSION 9u
+#define URDMA_SHM_VERSION 10u
 #define URDMA_CACHELINE 64
 
 /* MR table: key = (index << URDMA_MR_TAG_BITS) | random tag.  The index
@@ -200,6 +200,9 @@ struct urdma_shm_qp {
 	uint64_t srq_bytes;
 	uint32_t srqn;
 	uint32_t qkey; /* a UD QP's Q_Key */
+	/* Counts the receive queue's resets (its indices back to 0): a
+	 * deliverer that kept rq_prod from before one reads it again. */
+	_Atomic uint32_t rq_epoch;
 	/* Random, per QP: a deliverer that found this block for another QP
 	 * (destroyed, its block reused) sees the difference. */
 	uint32_t gen;

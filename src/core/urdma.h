@@ -238,6 +238,7 @@ struct urdma_shm_dest {
 	uint32_t srq_pd;
 	uint32_t prod, done; /* its rq_prod as last read, our rq_done */
 	uint32_t gen;	     /* the block's, when found */
+	uint32_t epoch;	     /* its rq_epoch when prod was read */
 };
 
 /* What the owner posted in a receive slot: the shared ring has the SGEs

@@ -35,7 +35,8 @@ int urdma_shm_srq_attach(struct urdma_shm_dest *d, struct urdma_peer *peer,
  * URDMA_RING_RNR_WAIT the owner is asked to wake us on its next post), or
  * -1 (the ring's indices are nonsense).  The caller is in the ring (busy)
  * and publishes with urdma_shm_ring_publish.  URDMA_RING_SHARED: others
- * write the ring too (UD), so what we last saw of it says nothing. */
+ * write the ring too (UD): a reset since we last read rq_prod is told by
+ * the ring's rq_epoch, not by rq_done, which they move too. */
 enum { URDMA_RING_RNR_WAIT = 1, URDMA_RING_SHARED = 2 };
 int urdma_shm_take_ring(struct urdma_shm_dest *d, unsigned flags,
 			struct urdma_shm_rcv *r);

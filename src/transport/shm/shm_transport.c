@@ -334,14 +334,20 @@ int urdma_shm_take_ring(struct urdma_shm_dest *d, unsigned flags,
 	 * looks empty by it (a cached tail, as UCX's FIFO keeps: rq_prod's
 	 * line moves to the owner with each ibv_post_recv, and reading it per
 	 * message cost 13 % of the 8 B ib_send_bw rate here).  Read again if
-	 * rq_done is not what we left it (a reset, or a scribble), and
-	 * always when others write the ring too (they and a reset move it). */
+	 * rq_done is not what we left it (a reset, another writer of a ring
+	 * that has many, or a scribble), or the ring was reset since: with
+	 * many writers, one may have brought rq_done back to what we left. */
 	done = atomic_load_explicit(&t->rq_done, memory_order_relaxed);
 	prod = d->prod;
-	if ((flags & URDMA_RING_SHARED) || done != d->done ||
-	    prod - done - 1 >= d->rq.size)
+	if (done != d->done || prod - done - 1 >= d->rq.size ||
+	    ((flags & URDMA_RING_SHARED) &&
+	     atomic_load_explicit(&t->rq_epoch, memory_order_relaxed) !=
+		     d->epoch)) {
+		d->epoch = atomic_load_explicit(&t->rq_epoch,
+						memory_order_relaxed);
 		prod = d->prod = atomic_load_explicit(&t->rq_prod,
 						      memory_order_acquire);
+	}
 	if (prod - done > d->rq.size) {
 		/* Indices no owner writes: someone scribbled on the ring. */
 		urdma_warn("the receive queue of QP %#x is corrupt (%u posted, "
