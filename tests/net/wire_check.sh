@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# urdma's TCP wire format as Wireshark's iWARP dissectors see it.  For each
+# urdma's wire formats as Wireshark sees them: RC, UC and XRC over TCP as
+# iWARP, UD over UDP as RoCEv2 (decode_ud below: ibv_ud_pingpong, ib_send_lat
+# -c UD, and mckey's multicast at the end).  For each
 # workload (ibv_rc_pingpong -g N, ib_write_bw, ib_read_bw, ib_send_bw,
 # ib_read_bw -b with 1 MiB Reads both ways, whose Read Responses fill the
 # sockets so that non-blocking writes cut FPDUs and finish them later, UC's
@@ -37,6 +39,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 compat_init "${1:-}"
 need_cmd ibv_rc_pingpong ibverbs-utils
 need_cmd ib_write_bw perftest
+need_cmd mckey rdmacm-utils
 if ! command -v tshark >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v debconf-set-selections >/dev/null 2>&1; then
     # Keep the install non-interactive (and dumpcap not setuid).
     echo 'wireshark-common wireshark-common/install-setuid boolean false' | debconf-set-selections
@@ -320,5 +323,39 @@ for c in "${CASES[@]}"; do
     fi
     port=$((port + 1))
 done
+
+# Multicast: mckey's sender in B, a member in A, over one group (IP
+# multicast to port 4791, RoCEv2's, which Wireshark decodes by itself).
+# mckey listens on no port: the member starts first and joins at once.
+name="wire mckey multicast"
+if budget_left "$name"; then
+    log "== $name"
+    if ! capture_start mckey 0 "udp or tcp port 9"; then
+        fail "$name" "tshark did not start capturing on $VETH_B"
+    else
+        read -r -a srv <<<"$SRV_RUN mckey -m 239.1.2.9 -b $SRV_IP -C 20"
+        read -r -a cli <<<"$CLI_RUN mckey -m 239.1.2.9 -b $CLI_IP -s -C 20"
+        log "RUN server: ${srv[*]}"
+        timeout -k 2 "$T" "${srv[@]}" >"$WORK/mckey.server.log" 2>&1 &
+        spid=$!
+        COMPAT_BG_PIDS+=("$spid")
+        sleep 0.5
+        log "RUN client: ${cli[*]}"
+        timeout -k 2 "$T" "${cli[@]}" >"$WORK/mckey.client.log" 2>&1
+        crc=$?
+        wait "$spid"
+        src=$?
+        capture_stop
+        if [ "$crc" -eq 0 ] && [ "$src" -eq 0 ] &&
+           grep -q '^return status 0' "$WORK/mckey.server.log"; then
+            pass "$name"
+        else
+            fail "$name" "mckey: server $src, client $crc"
+            show_log "$WORK/mckey.server.log" "server"
+            show_log "$WORK/mckey.client.log" "client"
+        fi
+        decode_ud "$name" "$CAP_FILE"
+    fi
+fi
 
 finish
