@@ -119,6 +119,14 @@ EXPORT int rdma_join_multicast_ex(struct rdma_cm_id *id,
 		u->ah_attr.port_num = id->port_num ? id->port_num : 1;
 		u->qp_num = 0xffffff;
 		u->qkey = cma_ud_qkey(cid);
+	} else {
+		/* No event to report it (out of memory): not joined, rather
+		 * than joined without a word (a synchronous id would wait for
+		 * it for ever). */
+		if (mc->attached)
+			ibv_detach_mcast(id->qp, &mc->mgid, 0);
+		mc_drop(cid, cid->nmc - 1);
+		ret = ENOMEM;
 	}
 out:
 	pthread_mutex_unlock(&cma_lock);

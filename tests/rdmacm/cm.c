@@ -874,7 +874,11 @@ static void bad_arguments(void *arg)
 	uint8_t tos = 0;
 
 #define EXPECT_ERRNO(call, e) \
-	do { errno = 0; CHECK((call) == -1 && errno == (e), #call ": errno %d, wanted " #e, errno); } while (0)
+	do { \
+		errno = 0; \
+		int r_ = (call), e_ = errno; /* (before CHECK's arguments) */ \
+		CHECK(r_ == -1 && e_ == (e), #call ": %d, errno %d, wanted " #e, r_, e_); \
+	} while (0)
 	REQUIRE(ch, "channel");
 	EXPECT_ERRNO(rdma_create_id(ch, &id, NULL, (enum rdma_port_space)0x7777), EINVAL);
 	REQUIRE(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0, "create");
