@@ -206,14 +206,15 @@ bool urdma_ud_net(void)
 	return net;
 }
 
+#define QKEY_CONTROLLED 0x80000000u
 #define MCAST_LOCAL_MAX 256   /* QPs of this host a multicast reaches */
 #define MCAST_WAIT_NS 200000000ull /* for new contexts' hellos, per WR */
 
 /* A multicast: to each QP of this host attached to the group, over shared
  * memory, and to the group's IP address for other hosts' (udp.c).  Its
  * destination QPN is 0xffffff, or it reaches nobody, as on a NIC. */
-static enum urdma_tx ud_multicast(struct urdma_qp *qp, struct urdma_swqe *w,
-				  enum ibv_wc_status *status)
+static void ud_multicast(struct urdma_qp *qp, const struct urdma_swqe *w,
+			 const struct urdma_ud_msg *m)
 {
 	uint32_t qpns[MCAST_LOCAL_MAX];
 	uint64_t until = urdma_now_ns() + MCAST_WAIT_NS;
@@ -221,7 +222,7 @@ static enum urdma_tx ud_multicast(struct urdma_qp *qp, struct urdma_swqe *w,
 
 	if (w->ud_qpn != 0xffffff) {
 		qp->ud_drops++;
-		return URDMA_TX_DONE;
+		return;
 	}
 	n = urdma_mcast_members(w->av.dgid, qpns, MCAST_LOCAL_MAX);
 	for (int i = 0; i < n; i++) {
@@ -229,30 +230,77 @@ static enum urdma_tx ud_multicast(struct urdma_qp *qp, struct urdma_swqe *w,
 
 		if (qpns[i] == qp->ibqp.qp_num && qp->block_self_mcast)
 			continue;
-		urdma_shm_ud_send(qp, w, qpns[i],
+		urdma_shm_ud_send(qp, w, m, qpns[i],
 				  now < until ? (int)((until - now) / 1000000) :
-						0,
-				  status);
-		if (*status != IBV_WC_SUCCESS)
-			return URDMA_TX_DONE;
+						0);
 	}
-	return urdma_udp_send(qp, w, status);
+	urdma_udp_send(qp, w, m);
+}
+
+/* The datagram of w, read out of our memory once into data (so that a
+ * copy that fails later, inside a receiver's ring, is the receiver's),
+ * with what every receiver is told of it: IBV_WC_SUCCESS, or the local
+ * error that fails w. */
+static enum ibv_wc_status ud_msg(struct urdma_qp *qp,
+				 const struct urdma_swqe *w,
+				 struct urdma_ud_msg *m, uint8_t *data,
+				 struct ibv_grh *grh)
+{
+	struct urdma_span local[URDMA_MAX_SGE + 1];
+	struct urdma_span d = { .len = URDMA_UD_MTU, .ptr = data };
+	enum ibv_wc_status st;
+	int nl = 0;
+
+	st = urdma_local_spans(qp, (struct urdma_swqe *)w, local, &nl, 0);
+	if (st != IBV_WC_SUCCESS)
+		return st;
+	if (urdma_copy_spans(NULL, &d, 1, NULL, local, nl, w->byte_len))
+		return IBV_WC_LOC_PROT_ERR;
+	*m = (struct urdma_ud_msg){
+		.data = data,
+		.len = w->byte_len,
+		.qpn = w->ud_qpn,
+		/* A controlled Q_Key in the WR means our QP's own. */
+		.qkey = w->ud_qkey & QKEY_CONTROLLED ? qp->attr.qkey :
+						       w->ud_qkey,
+		.src_qp = qp->ibqp.qp_num,
+		.ud_src = qp->uctx->lid |
+			  (uint32_t)w->av.sl << URDMA_RQE_UD_SL_SHIFT |
+			  (w->av.is_global ? URDMA_RQE_UD_GRH : 0),
+		.imm = w->imm_data,
+		.with_imm = w->opcode == IBV_WR_SEND_WITH_IMM,
+		.solicited = w->send_flags & IBV_SEND_SOLICITED,
+	};
+	if (w->av.is_global) {
+		urdma_grh_build(qp->uctx, &w->av, w->byte_len, grh);
+		m->grh = grh;
+	}
+	return IBV_WC_SUCCESS;
 }
 
 static enum urdma_tx ud_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 				enum ibv_wc_status *status)
 {
+	uint8_t data[URDMA_UD_MTU];
+	struct urdma_ud_msg m;
+	struct ibv_grh grh;
+
+	/* UD tells the sender nothing: only a local error fails w. */
+	*status = ud_msg(qp, w, &m, data, &grh);
+	if (*status != IBV_WC_SUCCESS)
+		return URDMA_TX_DONE;
 	/* Over shared memory when the destination is one of this user's QPs
 	 * on this host (a LID always names this host: ud.c), unless told
 	 * otherwise; over UDP else. */
 	if (w->av.is_global && urdma_gid_is_mcast(w->av.dgid))
-		return ud_multicast(qp, w, status);
-	if (!urdma_ud_net() &&
-	    (!w->av.is_global || urdma_gid_is_local(qp->uctx, w->av.dgid)) &&
-	    urdma_shm_ud_send(qp, w, w->ud_qpn, URDMA_UD_WAIT_MS, status) !=
-		    URDMA_UD_GONE)
-		return URDMA_TX_DONE;
-	return urdma_udp_send(qp, w, status);
+		ud_multicast(qp, w, &m);
+	else if (urdma_ud_net() ||
+		 (w->av.is_global &&
+		  !urdma_gid_is_local(qp->uctx, w->av.dgid)) ||
+		 urdma_shm_ud_send(qp, w, &m, w->ud_qpn, URDMA_UD_WAIT_MS) ==
+			 URDMA_UD_GONE)
+		urdma_udp_send(qp, w, &m);
+	return URDMA_TX_DONE;
 }
 
 static int ud_connect(struct urdma_qp *qp, const struct ibv_qp_attr *attr)

@@ -50,18 +50,20 @@ enum urdma_ud_res urdma_ud_deliver(struct urdma_shm_dest *d,
 /* Does every datagram go over UDP (URDMA_TRANSPORT=tcp)? */
 bool urdma_ud_net(void);
 
-/* shm_ud.c: send w to QP qpn over shared memory, waiting up to wait_ms
- * for the hello of a context not met yet: URDMA_UD_GONE if that QP is not
- * one of this user's on this host (send it another way), else done. */
+/* shm_ud.c: send m (read out of w's memory once, ud.c) to QP qpn over
+ * shared memory, waiting up to wait_ms for the hello of a context not met
+ * yet: URDMA_UD_GONE if that QP is not one of this user's on this host
+ * (send it another way), else done. */
 #define URDMA_UD_WAIT_MS 1000
-enum urdma_ud_res urdma_shm_ud_send(struct urdma_qp *qp, struct urdma_swqe *w,
-				    uint32_t qpn, int wait_ms,
-				    enum ibv_wc_status *status);
+enum urdma_ud_res urdma_shm_ud_send(struct urdma_qp *qp,
+				    const struct urdma_swqe *w,
+				    const struct urdma_ud_msg *m, uint32_t qpn,
+				    int wait_ms);
 void urdma_shm_ud_forget(struct urdma_qp *qp);
 
 /* udp.c */
-enum urdma_tx urdma_udp_send(struct urdma_qp *qp, struct urdma_swqe *w,
-			     enum ibv_wc_status *status);
+void urdma_udp_send(struct urdma_qp *qp, const struct urdma_swqe *w,
+		    const struct urdma_ud_msg *m);
 void urdma_udp_poll(struct urdma_qp *qp);
 void urdma_udp_armed(struct urdma_qp *qp);
 void urdma_udp_tick(void);

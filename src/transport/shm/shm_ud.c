@@ -15,7 +15,6 @@
 #define UD_DESTS 16
 #define UD_ABSENT_NS 1000000ull	     /* no such QP: look again after */
 #define UD_SILENT_NS 1000000000ull   /* its context did not answer */
-#define QKEY_CONTROLLED 0x80000000u
 
 enum { DEST_FREE, DEST_LIVE, DEST_ABSENT };
 
@@ -126,46 +125,19 @@ static struct ud_dest *dest_get(struct urdma_qp *qp, uint32_t qpn,
 	return u;
 }
 
-/* Send w over shared memory (ud.h). */
-enum urdma_ud_res urdma_shm_ud_send(struct urdma_qp *qp, struct urdma_swqe *w,
-				    uint32_t qpn, int wait_ms,
-				    enum ibv_wc_status *status)
+/* Send a datagram over shared memory (ud.h). */
+enum urdma_ud_res urdma_shm_ud_send(struct urdma_qp *qp,
+				    const struct urdma_swqe *w,
+				    const struct urdma_ud_msg *m, uint32_t qpn,
+				    int wait_ms)
 {
-	struct urdma_span local[URDMA_MAX_SGE + 1];
-	uint8_t data[URDMA_UD_MTU];
-	struct urdma_span d = { .len = sizeof(data), .ptr = data };
-	struct urdma_ud_msg m = {
-		.data = data,
-		.len = w->byte_len,
-		.qpn = qpn,
-		/* A controlled Q_Key in the WR means our QP's own. */
-		.qkey = w->ud_qkey & QKEY_CONTROLLED ? qp->attr.qkey : w->ud_qkey,
-		.src_qp = qp->ibqp.qp_num,
-		.ud_src = qp->uctx->lid |
-			  (uint32_t)w->av.sl << URDMA_RQE_UD_SL_SHIFT |
-			  (w->av.is_global ? URDMA_RQE_UD_GRH : 0),
-		.imm = w->imm_data,
-		.with_imm = w->opcode == IBV_WR_SEND_WITH_IMM,
-		.solicited = w->send_flags & IBV_SEND_SOLICITED,
-	};
+	struct urdma_ud_msg to = *m;
 	enum urdma_ud_res res;
-	struct ibv_grh grh;
 	struct ud_dest *u;
 	const char *why = NULL;
-	int tell, nl = 0;
+	int tell;
 
-	/* Out of our memory first: what fails inside the receiver's ring is
-	 * then the receiver's. */
-	*status = urdma_local_spans(qp, w, local, &nl, 0);
-	if (*status == IBV_WC_SUCCESS &&
-	    urdma_copy_spans(NULL, &d, 1, NULL, local, nl, w->byte_len))
-		*status = IBV_WC_LOC_PROT_ERR;
-	if (*status != IBV_WC_SUCCESS)
-		return URDMA_UD_DONE;
-	if (w->av.is_global) {
-		urdma_grh_build(qp->uctx, &w->av, w->byte_len, &grh);
-		m.grh = &grh;
-	}
+	to.qpn = qpn;
 	/* A QP found before may be gone, its number another's now: look
 	 * again, once. */
 	for (int tries = 0; tries < 2; tries++) {
@@ -173,7 +145,7 @@ enum urdma_ud_res urdma_shm_ud_send(struct urdma_qp *qp, struct urdma_swqe *w,
 		if (!u)
 			return URDMA_UD_GONE; /* not one of ours here: UDP */
 		res = urdma_ud_deliver(&u->d, u->peer, urdma_peer_shm(u->peer),
-				       &m, &tell, &why);
+				       &to, &tell, &why);
 		if (res == URDMA_UD_DONE) {
 			if (tell)
 				urdma_peer_wake(u->peer);

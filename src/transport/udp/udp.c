@@ -662,26 +662,22 @@ static void dest_addr(struct urdma_qp *qp, const struct urdma_av *av,
 	}
 }
 
-enum urdma_tx urdma_udp_send(struct urdma_qp *qp, struct urdma_swqe *w,
-			     enum ibv_wc_status *status)
+void urdma_udp_send(struct urdma_qp *qp, const struct urdma_swqe *w,
+		    const struct urdma_ud_msg *um)
 {
 	static const uint8_t zeros[4];
-	struct urdma_span local[URDMA_MAX_SGE + 1];
-	uint8_t h[ROCE_HDR_MAX], data[URDMA_UD_MTU], trailer[4];
-	struct urdma_span d = { .len = sizeof(data), .ptr = data };
+	uint8_t h[ROCE_HDR_MAX], trailer[4];
 	struct udp_sock *s = qp->tr_priv;
 	struct roce_ud m = {
-		.opcode = w->opcode == IBV_WR_SEND_WITH_IMM ?
-				  ROCE_UD_SEND_ONLY_IMM :
-				  ROCE_UD_SEND_ONLY,
-		.solicited = w->send_flags & IBV_SEND_SOLICITED,
+		.opcode = um->with_imm ? ROCE_UD_SEND_ONLY_IMM :
+					 ROCE_UD_SEND_ONLY,
+		.solicited = um->solicited,
 		.dest_qp = w->ud_qpn,
 		.psn = qp->attr.sq_psn++ & 0xffffff,
-		/* A controlled Q_Key in the WR means our QP's own. */
-		.qkey = w->ud_qkey & 0x80000000u ? qp->attr.qkey : w->ud_qkey,
-		.src_qp = qp->ibqp.qp_num,
-		.imm = w->imm_data,
-		.len = w->byte_len,
+		.qkey = um->qkey,
+		.src_qp = um->src_qp,
+		.imm = um->imm,
+		.len = um->len,
 	};
 	struct sockaddr_in6 sa;
 	struct iovec iov[4];
@@ -689,35 +685,27 @@ enum urdma_tx urdma_udp_send(struct urdma_qp *qp, struct urdma_swqe *w,
 			     .msg_iov = iov, .msg_iovlen = 4 };
 	uint32_t pad, crc;
 	size_t hlen;
-	int nl = 0;
 	bool mcast;
 	ssize_t n;
 
-	*status = urdma_local_spans(qp, w, local, &nl, 0);
-	if (*status != IBV_WC_SUCCESS)
-		return URDMA_TX_DONE;
-	if (urdma_copy_spans(NULL, &d, 1, NULL, local, nl, w->byte_len)) {
-		*status = IBV_WC_LOC_PROT_ERR;
-		return URDMA_TX_DONE;
-	}
 	if (!s || !(w->ud_qpn >> 8)) {
 		qp->ud_drops++;
-		return URDMA_TX_DONE;
+		return;
 	}
 	mcast = w->av.is_global && urdma_gid_is_mcast(w->av.dgid);
 	if (mcast) {
 		pthread_mutex_lock(&s->mc_lock);
 		if (mcast_prepare(qp, s, &w->av)) { /* (IPv6: this host only) */
 			pthread_mutex_unlock(&s->mc_lock);
-			return URDMA_TX_DONE;
+			return;
 		}
 	}
 	dest_addr(qp, &w->av, w->ud_qpn, &sa);
 	hlen = roce_build(&m, h, &pad);
-	crc = htobe32(roce_crc(h, hlen, data, w->byte_len, pad));
+	crc = htobe32(roce_crc(h, hlen, um->data, um->len, pad));
 	memcpy(trailer, &crc, 4);
 	iov[0] = (struct iovec){ h, hlen };
-	iov[1] = (struct iovec){ data, w->byte_len };
+	iov[1] = (struct iovec){ (void *)um->data, um->len };
 	iov[2] = (struct iovec){ (void *)zeros, pad };
 	iov[3] = (struct iovec){ trailer, 4 };
 	n = sendmsg(s->fd, &mh, MSG_DONTWAIT);
@@ -737,5 +725,4 @@ enum urdma_tx urdma_udp_send(struct urdma_qp *qp, struct urdma_swqe *w,
 			  qp->ibqp.qp_num, (unsigned long long)w->wr_id,
 			  w->ud_qpn);
 	}
-	return URDMA_TX_DONE;
 }
