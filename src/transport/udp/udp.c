@@ -561,32 +561,31 @@ int urdma_udp_qpn_reserve(uint32_t *qpn)
 	return ret;
 }
 
-void urdma_udp_qpn_bind(struct urdma_qp *qp)
+/* The socket of QPN qpn, its slot set to qp (under U.lock; a delivery
+ * holds qp_lock while it uses the QP it found there), or NULL. */
+static struct udp_sock *sock_slot(uint32_t qpn, struct urdma_qp *qp)
 {
-	struct udp_sock *s;
+	struct udp_sock *s = sock_of(qpn);
 
-	pthread_mutex_lock(&U.lock);
-	s = sock_of(qp->ibqp.qp_num);
 	if (s) {
 		pthread_mutex_lock(&s->qp_lock);
-		s->qp[qp->ibqp.qp_num & (UDP_QPS - 1)] = qp;
+		s->qp[qpn & (UDP_QPS - 1)] = qp;
 		pthread_mutex_unlock(&s->qp_lock);
-		qp->tr_priv = s;
 	}
+	return s;
+}
+
+void urdma_udp_qpn_bind(struct urdma_qp *qp)
+{
+	pthread_mutex_lock(&U.lock);
+	qp->tr_priv = sock_slot(qp->ibqp.qp_num, qp);
 	pthread_mutex_unlock(&U.lock);
 }
 
 void urdma_udp_qpn_unbind(struct urdma_qp *qp)
 {
-	struct udp_sock *s;
-
 	pthread_mutex_lock(&U.lock);
-	s = sock_of(qp->ibqp.qp_num);
-	if (s) {
-		pthread_mutex_lock(&s->qp_lock);
-		s->qp[qp->ibqp.qp_num & (UDP_QPS - 1)] = NULL;
-		pthread_mutex_unlock(&s->qp_lock);
-	}
+	sock_slot(qp->ibqp.qp_num, NULL);
 	pthread_mutex_unlock(&U.lock);
 }
 
@@ -596,11 +595,8 @@ void urdma_udp_qpn_release(uint32_t qpn)
 	struct udp_sock *s;
 
 	pthread_mutex_lock(&U.lock);
-	s = sock_of(qpn);
+	s = sock_slot(qpn, NULL);
 	if (s) {
-		pthread_mutex_lock(&s->qp_lock);
-		s->qp[qpn & (UDP_QPS - 1)] = NULL;
-		pthread_mutex_unlock(&s->qp_lock);
 		s->taken[qpn & (UDP_QPS - 1)] = false;
 		if (--s->nqps == 0) {
 			for (int i = 0; i < UDP_SOCKS; i++)
