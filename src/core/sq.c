@@ -418,12 +418,9 @@ void urdma_qp_lost(struct urdma_qp *qp)
 	pthread_mutex_lock(&qp->sq_lock);
 	if (qp->ibqp.state != IBV_QPS_ERR && qp->ibqp.state != IBV_QPS_RESET &&
 	    qp->sq_head != qp->sq_tail) {
-		struct urdma_swqe *w = sq_slot(qp, qp->sq_head);
-
-		if (!atomic_load_explicit(&w->done, memory_order_relaxed)) {
-			atomic_store_explicit(&w->done,
-					      IBV_WC_RETRY_EXC_ERR + 1,
-					      memory_order_relaxed);
+		if (!atomic_load_explicit(&sq_slot(qp, qp->sq_head)->done,
+					  memory_order_relaxed)) {
+			urdma_qp_wr_mark(qp, qp->sq_head, IBV_WC_RETRY_EXC_ERR);
 			qp->sq_head++;
 		}
 	}

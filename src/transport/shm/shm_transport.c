@@ -88,6 +88,7 @@ static int shm_attach(struct urdma_qp *qp, int wait_ms)
 	uint32_t qpn = qp->attr.dest_qp_num;
 	struct urdma_qp_rec rec;
 	struct urdma_shm_qp *h;
+	uint32_t type;
 	int ret;
 
 	if (!qp->peer || qp->peer_stale) {
@@ -120,12 +121,11 @@ static int shm_attach(struct urdma_qp *qp, int wait_ms)
 	if (!h)
 		goto err;
 	/* An XRC send QP talks to an XRC target only, and only it does:
-	 * the SRQ is then named per WR (xsrq_find). */
-	ret = -EINVAL;
-	qp->peer_xrcd = READ_ONCE(h->qp_type) == IBV_QPT_XRC_RECV ?
-				READ_ONCE(h->xrcd_id) :
-				0;
-	if (READ_ONCE(h->qp_type) != peer_kind(qp->ibqp.qp_type) ||
+	 * the SRQ is then named per WR (xsrq_find).  (The type is read once:
+	 * the peer may change it between two reads.) */
+	type = READ_ONCE(h->qp_type);
+	qp->peer_xrcd = type == IBV_QPT_XRC_RECV ? READ_ONCE(h->xrcd_id) : 0;
+	if (type != peer_kind(qp->ibqp.qp_type) ||
 	    (qp->ibqp.qp_type == IBV_QPT_XRC_SEND && !qp->peer_xrcd))
 		goto err; /* RC talks to RC, UC to UC, XRC send to target */
 	ret = qp->peer_xrcd ? 0 :

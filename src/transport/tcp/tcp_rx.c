@@ -436,7 +436,7 @@ static int rx_read_req(struct tcp_conn *c, const struct iwarp_msg *m,
 	 * receive pass's hold, rx_locked), so that the application sees the
 	 * message before we make a system call for it.  Data goes now. */
 	/* (An XRC target sends nothing of its own: the answer goes now.) */
-	bool now = rr->size || (c->qp && c->qp->xrcd);
+	bool now = rr->size || c->qp->xrcd;
 
 	if (rsp_push(c, &rsp, now ? 0 : c->rx_hold_ns)) {
 		*term = term_ctrl(TERM_LAYER_RDMAP, TERM_RDMAP_ET_OP,
