@@ -440,6 +440,38 @@ static void events_child(struct t_peer *p, void *arg)
 	sender_close(&s);
 }
 
+/* A receive of the SRQ that completes in error (too long) wakes a program
+ * asleep on its CQ, as an error completion always does. */
+static void error_event_parent(struct t_peer *p, void *arg)
+{
+	struct owner o;
+	struct ibv_wc wc;
+
+	owner_open(p, &o, 1, true);
+	REQUIRE(ibv_req_notify_cq(o.r.recv_cq, 0) == 0, "arm the CQ");
+	t_barrier(p); /* child: a message of 2 x MSG on QP 0 */
+	CHECK(t_wait_cq_event(o.r.channel, o.r.recv_cq, T_WAIT_MS),
+	      "no CQ event for the receive that completed in error");
+	CHECK(t_poll(o.r.recv_cq, &wc, 1, T_WAIT_MS) == 1 && wc.status == IBV_WC_LOC_LEN_ERR,
+	      "the receive: %s", ibv_wc_status_str(wc.status));
+	t_barrier(p);
+	owner_close(&o);
+}
+
+static void error_event_child(struct t_peer *p, void *arg)
+{
+	struct sender s = { 0 };
+	struct ibv_wc wc;
+
+	sender_open(p, &s);
+	t_barrier(p);
+	REQUIRE(t_post_send(s.qp[0], 9, IBV_WR_SEND, s.buf[0], 2 * MSG, s.mr[0]->lkey,
+			    IBV_SEND_SIGNALED, 0, 0) == 0, "post_send");
+	CHECK(t_poll_one(s.r[0].send_cq, &wc, T_WAIT_MS, "the long send"), "its completion");
+	t_barrier(p);
+	sender_close(&s);
+}
+
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
@@ -447,5 +479,6 @@ int main(int argc, char **argv)
 	t_pair("srq_four_qps_two_contexts", many_parent, many_child, NULL);
 	t_pair("srq_rnr_until_posted", rnr_parent, rnr_child, NULL);
 	t_pair("srq_limit_last_wqe_len_err", events_parent, events_child, NULL);
+	t_pair("srq_error_fires_armed_cq", error_event_parent, error_event_child, NULL);
 	return t_finish();
 }

@@ -522,8 +522,9 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 		return URDMA_TX_DONE;
 	}
 	if (rx_status != IBV_WC_SUCCESS) {
-		if (qp->peer_xrcd) /* the SRQ's CQ: errors always notify */
-			responder_notify(qp, true);
+		/* An error completion always fires an armed CQ: that of the
+		 * responder's ring, its SRQ's QP or its XRC SRQ. */
+		responder_notify(qp, true);
 		responder_error(qp);
 		return URDMA_TX_DONE;
 	}
