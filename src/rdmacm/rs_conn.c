@@ -211,16 +211,26 @@ RS_EXPORT int rsocket(int domain, int type, int protocol)
 
 	if (domain != AF_INET && domain != AF_INET6)
 		return cma_err(EAFNOSUPPORT);
-	if (base == SOCK_DGRAM)
-		return cma_err(EOPNOTSUPP);	/* UD rsockets: not yet */
-	if (base != SOCK_STREAM)
+	if (base != SOCK_STREAM && base != SOCK_DGRAM)
 		return cma_err(EPROTONOSUPPORT);
-	if (protocol != 0 && protocol != IPPROTO_TCP)
+	if (protocol != 0 &&
+	    protocol != (base == SOCK_STREAM ? IPPROTO_TCP : IPPROTO_UDP))
 		return cma_err(EPROTONOSUPPORT);
 
 	rs = rs_alloc(NULL, domain);
 	if (!rs)
 		return cma_err(ENOMEM);
+	rs->nonblock = (type & SOCK_NONBLOCK) != 0;
+	if (base == SOCK_DGRAM) {
+		ret = rs_dg_create(rs, type & SOCK_CLOEXEC);
+		if (!ret)
+			ret = -rs_index_insert(rs);
+		if (!ret)
+			return rs->fd;
+		rs_dg_free(rs);
+		rs_free(rs);
+		return cma_err(ret);
+	}
 	rs->chan = rdma_create_event_channel();
 	if (!rs->chan)
 		goto err;
@@ -229,7 +239,6 @@ RS_EXPORT int rsocket(int domain, int type, int protocol)
 		goto err;
 	if (type & SOCK_CLOEXEC)
 		fcntl(rs->fd, F_SETFD, FD_CLOEXEC);
-	rs->nonblock = (type & SOCK_NONBLOCK) != 0;
 	if (rdma_create_id(rs->chan, &rs->id, rs, RDMA_PS_TCP))
 		goto err;
 	ret = rs_index_insert(rs);
@@ -275,12 +284,17 @@ RS_EXPORT int rbind(int socket, const struct sockaddr *addr, socklen_t addrlen)
 		return -1;
 	pthread_mutex_lock(&rs->lock);
 	ret = rs_check_addr(rs, addr, addrlen);
+	if (!ret && rs->dg) {
+		ret = rs_dg_bind(rs, addr, addrlen);
+		goto out;
+	}
 	if (!ret && (rs->bound || rs->state != RS_IDLE))
 		ret = EINVAL;
 	if (!ret && rdma_bind_addr(rs->id, (struct sockaddr *)addr))
 		ret = errno ? errno : EADDRINUSE;
 	if (!ret)
 		rs->bound = true;
+out:
 	pthread_mutex_unlock(&rs->lock);
 	return ret ? cma_err(ret) : 0;
 }
@@ -293,6 +307,10 @@ RS_EXPORT int rlisten(int socket, int backlog)
 	if (!rs)
 		return -1;
 	pthread_mutex_lock(&rs->lock);
+	if (rs->dg) {
+		ret = EOPNOTSUPP;	/* as UDP's listen */
+		goto out;
+	}
 	if (backlog <= 0)
 		backlog = 1;
 	if (backlog > 4096)
@@ -433,7 +451,7 @@ RS_EXPORT int raccept(int socket, struct sockaddr *addr, socklen_t *addrlen)
 	for (;;) {
 		if (ls->state != RS_LISTENING) {
 			pthread_mutex_unlock(&ls->lock);
-			return cma_err(EINVAL);
+			return cma_err(ls->dg ? EOPNOTSUPP : EINVAL);
 		}
 		ret = rs_wait(ls, rs_has_request, ls->nonblock, -1);
 		if (ret) {
@@ -507,6 +525,16 @@ RS_EXPORT int rconnect(int socket, const struct sockaddr *addr, socklen_t addrle
 	if (!rs)
 		return -1;
 	pthread_mutex_lock(&rs->lock);
+	if (rs->dg) {
+		if (!addr)
+			ret = EFAULT;
+		else if (addrlen >= (socklen_t)sizeof(sa_family_t) &&
+			 addr->sa_family == AF_UNSPEC)
+			ret = rs_dg_connect(rs, addr, addrlen);
+		else if (!(ret = rs_check_addr(rs, addr, addrlen)))
+			ret = rs_dg_connect(rs, addr, addrlen);
+		goto out;
+	}
 	switch (rs->state) {
 	case RS_CONNECTED:
 		ret = EISCONN;

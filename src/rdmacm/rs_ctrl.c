@@ -285,7 +285,9 @@ static void rs_cm_events(struct rsocket *rs)
 /* Everything that can be done without waiting.  Lock held. */
 void rs_progress(struct rsocket *rs)
 {
-	if (rs->state == RS_CONNECTED) {
+	if (rs->dg) {
+		rs_dg_progress(rs);
+	} else if (rs->state == RS_CONNECTED) {
 		rs_poll_cq(rs);
 		if (!rs->conn_dead) {
 			rs_flush_ctl(rs);
@@ -326,6 +328,8 @@ int rs_sleep_fds(struct rsocket *rs, struct pollfd *p)
 {
 	int n = 0;
 
+	if (rs->dg)
+		return rs_dg_sleep_fds(rs, p);
 	if (rs->state == RS_CONNECTED && rs->cq_chan && !rs->conn_dead) {
 		p[n].fd = rs->cq_chan->fd;
 		p[n].events = POLLIN;
@@ -403,8 +407,8 @@ int rs_wait(struct rsocket *rs, rs_cond_fn cond, bool nonblock,
 		pthread_mutex_lock(&rs->lock);
 		slept = true;
 		for (int i = 0; i < n; i++)
-			if (pfd[i].revents && rs->chan && pfd[i].fd == rs->chan->fd)
-				rs->cm_due = true;
+			if (pfd[i].revents && pfd[i].fd == rs->fd)
+				rs->cm_due = true; /* the CM's, or UDP socket's */
 	}
 	if (!slept)
 		rs->spin_miss = 0;

@@ -53,8 +53,8 @@ RS_EXPORT off_t riomap(int socket, void *buf, size_t len, int prot, int flags,
 	    (offset < 0 && offset != -1))
 		return cma_err(EINVAL);
 	pthread_mutex_lock(&rs->lock);
-	if (rs->state != RS_CONNECTED || !rs->pd || rs->conn_dead) {
-		ret = EINVAL;
+	if (rs->dg || rs->state != RS_CONNECTED || !rs->pd || rs->conn_dead) {
+		ret = rs->dg ? EOPNOTSUPP : EINVAL;	/* no iomaps on UD */
 		goto out;
 	}
 	if (prot == PROT_WRITE) {
@@ -144,8 +144,8 @@ RS_EXPORT size_t riowrite(int socket, const void *buf, size_t count, off_t offse
 		return (size_t)cma_err(count && !buf ? EFAULT : EINVAL);
 	pthread_mutex_lock(&rs->lock);
 	nonblock = rs->nonblock || (flags & MSG_DONTWAIT);
-	if (rs->state != RS_CONNECTED) {
-		ret = ENOTCONN;
+	if (rs->dg || rs->state != RS_CONNECTED) {
+		ret = rs->dg ? EOPNOTSUPP : ENOTCONN;
 		goto out;
 	}
 	if (rs->cq)

@@ -23,6 +23,8 @@ static short rs_revents(struct rsocket *rs, short events)
 {
 	short r = 0;
 
+	if (rs->dg)
+		return rs_dg_revents(rs) & (events | POLLERR | POLLHUP | POLLNVAL);
 	switch (rs->state) {
 	case RS_IDLE:
 		r = POLLOUT | POLLHUP;

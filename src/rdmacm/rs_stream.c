@@ -156,7 +156,7 @@ static void iter_skip_empty(struct rs_iter *it)
 
 /* Copy len bytes between buf and the iterator: out of the iovecs into buf
  * (to_buf), or from buf into them. */
-static void iter_copy(struct rs_iter *it, uint8_t *buf, size_t len, bool to_buf)
+void rs_iter_copy(struct rs_iter *it, uint8_t *buf, size_t len, bool to_buf)
 {
 	while (len) {
 		uint8_t *at;
@@ -229,13 +229,13 @@ int rs_post_data(struct rsocket *rs, struct rs_iter *it, size_t len,
 
 		if (first > len)
 			first = len;
-		iter_copy(it, rs->sbuf + pos, first, true);
+		rs_iter_copy(it, rs->sbuf + pos, first, true);
 		sge[0].addr = (uintptr_t)(rs->sbuf + pos);
 		sge[0].length = (uint32_t)first;
 		sge[0].lkey = rs->lmr->lkey;
 		wr.num_sge = 1;
 		if (first < len) {
-			iter_copy(it, rs->sbuf, len - first, true);
+			rs_iter_copy(it, rs->sbuf, len - first, true);
 			sge[1].addr = (uintptr_t)rs->sbuf;
 			sge[1].length = (uint32_t)(len - first);
 			sge[1].lkey = rs->lmr->lkey;
@@ -296,8 +296,7 @@ int rs_send_error(struct rsocket *rs)
 
 /* The arguments of a send or receive call: 0 and their total length, or
  * the errno to fail with. */
-static int rs_iov_check(const struct iovec *iov, int iovcnt, int flags,
-			size_t *total)
+int rs_iov_check(const struct iovec *iov, int iovcnt, int flags, size_t *total)
 {
 	*total = 0;
 	if (iovcnt < 0 || iovcnt > IOV_MAX)
@@ -341,6 +340,44 @@ static struct rsocket *rs_io_start(int socket, const struct iovec *iov,
 	return rs;
 }
 
+/* A datagram rsocket's data call, locked; its result as a call's. */
+static ssize_t rs_dg_result(struct rsocket *rs, ssize_t r)
+{
+	pthread_mutex_unlock(&rs->lock);
+	return r < 0 ? cma_err((int)-r) : r;
+}
+
+static ssize_t rs_dg_send(int socket, const struct iovec *iov, int iovcnt,
+			  int flags, const struct sockaddr *to, socklen_t tolen)
+{
+	struct rsocket *rs = rs_get(socket);
+
+	if (!rs)
+		return -1;
+	pthread_mutex_lock(&rs->lock);
+	return rs_dg_result(rs, rs_dg_sendv(rs, iov, iovcnt, flags, to, tolen));
+}
+
+static ssize_t rs_dg_recv(int socket, const struct iovec *iov, int iovcnt,
+			  int flags, struct sockaddr *src, socklen_t *srclen,
+			  int *msg_flags)
+{
+	struct rsocket *rs = rs_get(socket);
+
+	if (!rs)
+		return -1;
+	pthread_mutex_lock(&rs->lock);
+	return rs_dg_result(rs, rs_dg_recvv(rs, iov, iovcnt, flags, src, srclen,
+					    msg_flags));
+}
+
+static bool rs_is_dgram(int socket)
+{
+	struct rsocket *rs = rs_lookup(socket);
+
+	return rs && rs->dg;
+}
+
 static ssize_t rs_sendv(int socket, const struct iovec *iov, int iovcnt,
 			int flags)
 {
@@ -348,9 +385,11 @@ static ssize_t rs_sendv(int socket, const struct iovec *iov, int iovcnt,
 	size_t total, sent = 0;
 	bool nonblock;
 	int ret;
-	struct rsocket *rs = rs_io_start(socket, iov, iovcnt, flags, &total,
-					 &nonblock, &ret);
+	struct rsocket *rs;
 
+	if (rs_is_dgram(socket))
+		return rs_dg_send(socket, iov, iovcnt, flags, NULL, 0);
+	rs = rs_io_start(socket, iov, iovcnt, flags, &total, &nonblock, &ret);
 	if (!rs)
 		return -1;
 	if (ret)
@@ -410,16 +449,21 @@ RS_EXPORT ssize_t rsend(int socket, const void *buf, size_t len, int flags)
 RS_EXPORT ssize_t rsendto(int socket, const void *buf, size_t len, int flags,
 			  const struct sockaddr *dest_addr, socklen_t addrlen)
 {
+	struct iovec iov = { (void *)buf, len };
+
+	if (rs_is_dgram(socket))
+		return rs_dg_send(socket, &iov, 1, flags, dest_addr, addrlen);
 	/* connection-mode socket: the address is ignored, as TCP does */
-	(void)dest_addr;
-	(void)addrlen;
-	return rsend(socket, buf, len, flags);
+	return rs_sendv(socket, &iov, 1, flags);
 }
 
 RS_EXPORT ssize_t rsendmsg(int socket, const struct msghdr *msg, int flags)
 {
 	if (!msg)
 		return cma_err(EFAULT);
+	if (rs_is_dgram(socket))
+		return rs_dg_send(socket, msg->msg_iov, (int)msg->msg_iovlen,
+				  flags, msg->msg_name, msg->msg_namelen);
 	return rs_sendv(socket, msg->msg_iov, (int)msg->msg_iovlen, flags);
 }
 
@@ -446,9 +490,11 @@ static ssize_t rs_recvv(int socket, const struct iovec *iov, int iovcnt,
 	size_t total, got = 0;
 	bool nonblock, peek = flags & MSG_PEEK;
 	int i, ret;
-	struct rsocket *rs = rs_io_start(socket, iov, iovcnt, flags, &total,
-					 &nonblock, &ret);
+	struct rsocket *rs;
 
+	if (rs_is_dgram(socket))
+		return rs_dg_recv(socket, iov, iovcnt, flags, NULL, NULL, NULL);
+	rs = rs_io_start(socket, iov, iovcnt, flags, &total, &nonblock, &ret);
 	if (!rs)
 		return -1;
 	if (ret)
@@ -491,10 +537,10 @@ static ssize_t rs_recvv(int socket, const struct iovec *iov, int iovcnt,
 		if (n > rs->rbuf_size - pos) {
 			uint64_t first = rs->rbuf_size - pos;
 
-			iter_copy(&it, rs->rbuf + pos, first, false);
-			iter_copy(&it, rs->rbuf, n - first, false);
+			rs_iter_copy(&it, rs->rbuf + pos, first, false);
+			rs_iter_copy(&it, rs->rbuf, n - first, false);
 		} else {
-			iter_copy(&it, rs->rbuf + pos, n, false);
+			rs_iter_copy(&it, rs->rbuf + pos, n, false);
 		}
 		got += n;
 		if (!peek) {
@@ -521,8 +567,12 @@ RS_EXPORT ssize_t rrecv(int socket, void *buf, size_t len, int flags)
 RS_EXPORT ssize_t rrecvfrom(int socket, void *buf, size_t len, int flags,
 			    struct sockaddr *src_addr, socklen_t *addrlen)
 {
-	ssize_t ret = rrecv(socket, buf, len, flags);
+	struct iovec iov = { buf, len };
+	ssize_t ret;
 
+	if (rs_is_dgram(socket))
+		return rs_dg_recv(socket, &iov, 1, flags, src_addr, addrlen, NULL);
+	ret = rrecv(socket, buf, len, flags);
 	/* a connection-mode socket returns no address, as TCP does */
 	if (ret >= 0 && src_addr && addrlen)
 		*addrlen = 0;
@@ -535,6 +585,18 @@ RS_EXPORT ssize_t rrecvmsg(int socket, struct msghdr *msg, int flags)
 
 	if (!msg)
 		return cma_err(EFAULT);
+	if (rs_is_dgram(socket)) {
+		socklen_t nl = msg->msg_namelen;
+
+		ret = rs_dg_recv(socket, msg->msg_iov, (int)msg->msg_iovlen,
+				 flags, msg->msg_name, msg->msg_name ? &nl : NULL,
+				 &msg->msg_flags);
+		if (ret >= 0) {
+			msg->msg_namelen = msg->msg_name ? nl : 0;
+			msg->msg_controllen = 0;
+		}
+		return ret;
+	}
 	ret = rs_recvv(socket, msg->msg_iov, (int)msg->msg_iovlen, flags);
 	if (ret >= 0) {
 		msg->msg_namelen = 0;

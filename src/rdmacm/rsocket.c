@@ -87,8 +87,10 @@
  * never lose a wake-up for ever.
  *
  * Locking: one mutex per rsocket, released while sleeping; rpoll takes one
- * rsocket lock at a time.  fork() is not supported; SOCK_DGRAM is not
- * supported yet (EOPNOTSUPP).
+ * rsocket lock at a time.  fork() is not supported.
+ *
+ * SOCK_DGRAM rsockets (UD QPs) are rs_dgram.c's; the calls here and in
+ * rs_conn.c, rs_stream.c, rs_ctrl.c and rs_poll.c hand them over.
  *
  * This file: the fd table, allocation, shutdown and close, addresses and
  * options.  rs_conn.c: the endpoint and the calls that connect; rs_stream.c:
@@ -386,6 +388,10 @@ RS_EXPORT int rshutdown(int socket, int how)
 	if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
 		return cma_err(EINVAL);
 	pthread_mutex_lock(&rs->lock);
+	if (rs->dg) {
+		ret = rs_dg_shutdown(rs, how);
+		goto out;
+	}
 	if (rs->state != RS_CONNECTED) {
 		ret = ENOTCONN;
 		goto out;
@@ -411,6 +417,13 @@ RS_EXPORT int rclose(int socket)
 		return -1;
 	rs_index_remove(rs);
 	pthread_mutex_lock(&rs->lock);
+	if (rs->dg) {
+		/* as UDP: what is not sent yet goes with the socket */
+		rs_dg_free(rs);
+		pthread_mutex_unlock(&rs->lock);
+		rs_free(rs);
+		return 0;
+	}
 	if (rs->state == RS_CONNECTED && !rs->conn_dead) {
 		bool abort = rs->linger.l_onoff && rs->linger.l_linger == 0;
 		int ms = rs->linger.l_onoff ? rs->linger.l_linger * 1000 : RS_CLOSE_MS;
@@ -458,6 +471,12 @@ static int rs_getname(int socket, struct sockaddr *addr, socklen_t *addrlen,
 	if (!addr || !addrlen)
 		return cma_err(EFAULT);
 	pthread_mutex_lock(&rs->lock);
+	if (rs->dg) {
+		int ret = rs_dg_getname(rs, addr, addrlen, peer);
+
+		pthread_mutex_unlock(&rs->lock);
+		return ret ? cma_err(ret) : 0;
+	}
 	if (peer && rs->state != RS_CONNECTED) {
 		pthread_mutex_unlock(&rs->lock);
 		return cma_err(ENOTCONN);
@@ -497,6 +516,8 @@ static int rs_opt_int(const void *optval, socklen_t optlen, int *v)
 /* Before the endpoint exists, queue sizes can change. */
 static bool rs_configurable(const struct rsocket *rs)
 {
+	if (rs->dg)
+		return !rs->qp;
 	return rs->state == RS_IDLE || rs->state == RS_LISTENING ||
 	       rs->state == RS_ADDR_QUERY;
 }
@@ -532,6 +553,9 @@ RS_EXPORT int rsetsockopt(int socket, int level, int optname,
 		switch (optname) {
 		case SO_REUSEADDR:
 			rs->reuseaddr = v != 0;
+			if (rs->dg && setsockopt(rs->fd, SOL_SOCKET, SO_REUSEADDR,
+						 &v, sizeof(v)))
+				ret = errno;
 			/* passed on to the CM; refused there only before the
 			 * CM supports it, which changes nothing on one host */
 			if (rs->id)
@@ -569,6 +593,10 @@ RS_EXPORT int rsetsockopt(int socket, int level, int optname,
 		ret = rs_opt_int(optval, optlen, &v);
 		if (ret)
 			break;
+		if (rs->dg) {
+			ret = ENOPROTOOPT;
+			break;
+		}
 		switch (optname) {
 		case TCP_NODELAY:	/* we never delay */
 			rs->nodelay = v != 0;
@@ -611,6 +639,11 @@ RS_EXPORT int rsetsockopt(int socket, int level, int optname,
 			ret = EINVAL;
 			break;
 		}
+		if (rs->dg && setsockopt(rs->fd, IPPROTO_IPV6, IPV6_V6ONLY,
+					 &v, sizeof(v))) {
+			ret = errno;
+			break;
+		}
 		rs->v6only = v != 0;
 		if (rs->id)
 			rdma_set_option(rs->id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY,
@@ -631,7 +664,8 @@ RS_EXPORT int rsetsockopt(int socket, int level, int optname,
 		if (ret)
 			break;
 		if (optname != RDMA_SQSIZE && optname != RDMA_RQSIZE &&
-		    optname != RDMA_INLINE && optname != RDMA_IOMAPSIZE) {
+		    optname != RDMA_INLINE &&
+		    (optname != RDMA_IOMAPSIZE || rs->dg)) {
 			ret = ENOPROTOOPT;
 			break;
 		}
@@ -714,13 +748,13 @@ RS_EXPORT int rgetsockopt(int socket, int level, int optname,
 			v = rs->oobinline;
 			break;
 		case SO_TYPE:
-			v = SOCK_STREAM;
+			v = rs->dg ? SOCK_DGRAM : SOCK_STREAM;
 			break;
 		case SO_DOMAIN:
 			v = rs->domain;
 			break;
 		case SO_PROTOCOL:
-			v = IPPROTO_TCP;
+			v = rs->dg ? IPPROTO_UDP : IPPROTO_TCP;
 			break;
 		case SO_ACCEPTCONN:
 			v = rs->state == RS_LISTENING;
@@ -740,6 +774,10 @@ RS_EXPORT int rgetsockopt(int socket, int level, int optname,
 		}
 		break;
 	case IPPROTO_TCP:
+		if (rs->dg) {
+			ret = ENOPROTOOPT;
+			break;
+		}
 		switch (optname) {
 		case TCP_NODELAY:
 			v = rs->nodelay;
@@ -779,6 +817,8 @@ RS_EXPORT int rgetsockopt(int socket, int level, int optname,
 			v = rs->qp ? rs->max_inline : rs->sq_inline;
 			break;
 		case RDMA_IOMAPSIZE:
+			if (rs->dg)
+				ret = ENOPROTOOPT;
 			v = rs->iomap_size;
 			break;
 		case RDMA_ROUTE:

@@ -200,6 +200,8 @@ struct rsocket {
 	struct rs_iomap_peer *peer_iomap;	/* iomap_size entries */
 	struct rs_iomap_msg *iomap_q, *iomap_q_tail;
 
+	struct rs_dgram *dg;		/* SOCK_DGRAM: rs_dgram.c's state */
+
 	/* adaptive spinning */
 	_Atomic int spin_miss; /* a hint, also read and written by rpoll without rs->lock */
 };
@@ -254,6 +256,8 @@ void rs_start_connect(struct rsocket *rs);
 bool rs_connect_done(struct rsocket *rs);
 
 /* rs_stream.c */
+void rs_iter_copy(struct rs_iter *it, uint8_t *buf, size_t len, bool to_buf);
+int rs_iov_check(const struct iovec *iov, int iovcnt, int flags, size_t *total);
 void rs_conn_fail(struct rsocket *rs, int err);
 void rs_update_credits(struct rsocket *rs);
 void rs_flush_ctl(struct rsocket *rs);
@@ -273,5 +277,23 @@ void rs_arm(struct rsocket *rs);
 int rs_sleep_fds(struct rsocket *rs, struct pollfd *p);
 int rs_wait(struct rsocket *rs, rs_cond_fn cond, bool nonblock,
 	    int timeout_ms);
+
+/* rs_dgram.c: SOCK_DGRAM; the calls that return an int give 0 or an
+ * errno, the data calls the length or -errno.  Lock held. */
+int rs_dg_create(struct rsocket *rs, bool cloexec);
+void rs_dg_free(struct rsocket *rs);
+void rs_dg_progress(struct rsocket *rs);
+short rs_dg_revents(struct rsocket *rs);
+int rs_dg_sleep_fds(struct rsocket *rs, struct pollfd *p);
+int rs_dg_bind(struct rsocket *rs, const struct sockaddr *addr, socklen_t len);
+int rs_dg_connect(struct rsocket *rs, const struct sockaddr *addr, socklen_t len);
+ssize_t rs_dg_sendv(struct rsocket *rs, const struct iovec *iov, int iovcnt,
+		    int flags, const struct sockaddr *to, socklen_t tolen);
+ssize_t rs_dg_recvv(struct rsocket *rs, const struct iovec *iov, int iovcnt,
+		    int flags, struct sockaddr *src, socklen_t *srclen,
+		    int *msg_flags);
+int rs_dg_getname(struct rsocket *rs, struct sockaddr *addr,
+		  socklen_t *addrlen, bool peer);
+int rs_dg_shutdown(struct rsocket *rs, int how);
 
 #endif

@@ -145,8 +145,10 @@ PAIR_NETNS=""
 
 port_listening() {
     local -a ns=()
+    local opt=-Hltn p=$1
     [ -n "$PAIR_NETNS" ] && ns=(ip netns exec "$PAIR_NETNS")
-    "${ns[@]}" ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
+    case $p in udp:*) opt=-Hlun; p=${p#udp:} ;; esac # (a bound UDP socket)
+    "${ns[@]}" ss "$opt" "sport = :$p" 2>/dev/null | grep -q .
 }
 
 # free_port BASE: print the first port >= BASE nobody listens on.

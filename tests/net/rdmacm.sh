@@ -23,7 +23,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=../rdmacm/cases.sh
 . "$HERE/../rdmacm/cases.sh"
 compat_init "${1:-}"
-for c in rping ucmatose udaddy mckey rdma_server rdma_client cmtime rstream; do need_cmd "$c" rdmacm-utils; done
+for c in rping ucmatose udaddy udpong mckey rdma_server rdma_client cmtime rstream; do need_cmd "$c" rdmacm-utils; done
 for c in ib_send_bw ib_write_lat ib_read_bw; do need_cmd "$c" perftest; done
 if [ ! -e "$BUILD/lib/librdmacm.so.1" ]; then
     log "FAIL: $BUILD/lib/librdmacm.so.1 not built"
@@ -73,11 +73,14 @@ cm_cases "$SRV_IP" \
     "ib_write_lat -R 8 MiB|perftest:ib_write_lat:-s 8388608 -n 20" \
     "ib_read_bw -R 8 MiB|perftest:ib_read_bw:-s 8388608 -n 20"
 
-# rsockets over the same path (rstream: its own short runs, one row each).
+# rsockets over the same path (rstream: its own short runs, one row each;
+# udpong: datagram rsockets, bandwidth runs, see udpong_ok).
 cm_cases "$SRV_IP" \
     "rstream 4 KiB x 1000|rstream:1:-S 4096 -C 1000" \
     "rstream 1 MB x 20 blocking verify|rstream:1:-S 1000000 -C 20 -T b -T v" \
-    "rstream 100 B x 2000 rpoll verify|rstream:1:-S 100 -C 2000 -T a -T v"
+    "rstream 100 B x 2000 rpoll verify|rstream:1:-S 100 -C 2000 -T a -T v" \
+    "udpong 1 KiB x 10000|udpong:1:-S 1024 -C 10000" \
+    "udpong 64 B x 20000 rpoll|udpong:1:-S 64 -C 20000 -T a"
 
 cm_fault_killed "$SRV_IP"
 cm_fault_unreachable "$SRV_IP"

@@ -3,7 +3,7 @@
 # Debian's rdmacm-utils and perftest unmodified on urdma's librdmacm.so.1
 # (`urdma run`), server and client on one host: rping -v -V -C 100 with
 # sizes 23 (its minimum), 64, 4096 and 65535 (its maximum); ucmatose and
-# udaddy (UD, RDMA_PS_UDP), also
+# udaddy (UD, RDMA_PS_UDP), udpong (datagram rsockets), also
 # with 4 connections and 4 KiB messages; rdma_server/rdma_client; cmtime with
 # 50 connections; perftest ib_send_bw -R, ib_write_lat -R, ib_read_bw -R.
 # All on 127.0.0.1, then a subset on the host's own address (its first global
@@ -18,7 +18,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/cases.sh"
 COMPAT_BUDGET=${COMPAT_BUDGET:-150}
 compat_init "${1:-}"
-for c in rping ucmatose udaddy mckey rdma_server rdma_client cmtime; do need_cmd "$c" rdmacm-utils; done
+for c in rping ucmatose udaddy udpong mckey rdma_server rdma_client cmtime; do need_cmd "$c" rdmacm-utils; done
 for c in ib_send_bw ib_write_lat ib_read_bw; do need_cmd "$c" perftest; done
 if [ ! -e "$BUILD/lib/librdmacm.so.1" ]; then
     log "FAIL: $BUILD/lib/librdmacm.so.1 not built"

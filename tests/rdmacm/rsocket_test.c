@@ -18,6 +18,7 @@
  * server/client set-up; main() at the end lists them by name.
  */
 #include "harness.h"
+#include "rs_test.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -35,14 +36,6 @@
 #include <unistd.h>
 
 #define WAIT_MS 10000
-
-static struct sockaddr_in loop_addr(uint16_t port)
-{
-	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(port) };
-
-	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	return sin;
-}
 
 /* A listening rsocket on 127.0.0.1, ephemeral port; *port gets it. */
 static int listen_any(uint16_t *port)
@@ -1092,14 +1085,6 @@ static void fd_client(struct t_peer *p, void *arg)
 /* Bad arguments                                                      */
 /* ------------------------------------------------------------------ */
 
-#define EXPECT_ERR(call, err)                                                        \
-	do {                                                                         \
-		errno = 0;                                                           \
-		long r_ = (long)(call);                                              \
-		CHECK(r_ == -1 && errno == (err), #call ": %ld, %s (wanted %s)", r_,  \
-		      strerror(errno), strerror(err));                                \
-	} while (0)
-
 static void bad_args(void *arg)
 {
 	struct sockaddr_in sin = loop_addr(1);
@@ -1110,7 +1095,7 @@ static void bad_args(void *arg)
 	fd_set rd;
 
 	EXPECT_ERR(rsocket(AF_UNIX, SOCK_STREAM, 0), EAFNOSUPPORT);
-	EXPECT_ERR(rsocket(AF_INET, SOCK_DGRAM, 0), EOPNOTSUPP);
+	EXPECT_ERR(rsocket(AF_INET, SOCK_DGRAM, IPPROTO_TCP), EPROTONOSUPPORT);
 	EXPECT_ERR(rsocket(AF_INET, SOCK_RAW, 0), EPROTONOSUPPORT);
 	EXPECT_ERR(rsocket(AF_INET, SOCK_STREAM, IPPROTO_UDP), EPROTONOSUPPORT);
 

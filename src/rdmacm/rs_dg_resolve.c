@@ -1,0 +1,345 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Datagram rsockets: how an address is reached.  Socket addresses as
+ * GIDs, the bounded table of destinations (address -> QPN and address
+ * handle), and the UDP socket that carries what is not resolved yet and
+ * the HELLO/REPLY exchange that resolves it (rs_dgram.c has the
+ * overview).
+ */
+
+#include <endian.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "rdmacm/rs_dgram.h"
+
+/* ------------------------------------------------------------------ */
+/* Addresses                                                          */
+/* ------------------------------------------------------------------ */
+
+static const uint8_t v4map[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+
+/* A socket address as ours; false for another family. */
+bool dg_addr_from(struct rs_dg_addr *a, const struct sockaddr *sa)
+{
+	memset(a, 0, sizeof(*a));
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *s = (const void *)sa;
+
+		memcpy(a->ip, v4map, 12);
+		memcpy(a->ip + 12, &s->sin_addr, 4);
+		a->port = s->sin_port;
+		return true;
+	}
+	if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *s = (const void *)sa;
+
+		memcpy(a->ip, &s->sin6_addr, 16);
+		a->port = s->sin6_port;
+		return true;
+	}
+	return false;
+}
+
+/* Ours as a socket address of the rsocket's family: false if an AF_INET
+ * socket would have to name an IPv6 address. */
+bool dg_addr_to(const struct rsocket *rs, const struct rs_dg_addr *a,
+		struct sockaddr_storage *ss, socklen_t *len)
+{
+	memset(ss, 0, sizeof(*ss));
+	if (rs->domain == AF_INET) {
+		struct sockaddr_in *s = (void *)ss;
+
+		if (memcmp(a->ip, v4map, 12))
+			return false;
+		s->sin_family = AF_INET;
+		s->sin_port = a->port;
+		memcpy(&s->sin_addr, a->ip + 12, 4);
+		*len = sizeof(*s);
+	} else {
+		struct sockaddr_in6 *s = (void *)ss;
+
+		s->sin6_family = AF_INET6;
+		s->sin6_port = a->port;
+		memcpy(&s->sin6_addr, a->ip, 16);
+		*len = sizeof(*s);
+	}
+	return true;
+}
+
+bool dg_addr_eq(const struct rs_dg_addr *x, const struct rs_dg_addr *y)
+{
+	return x->port == y->port && !memcmp(x->ip, y->ip, 16);
+}
+
+/* The index of our GID that is IP address ip, or -1. */
+int dg_gid_index(struct ibv_context *ctx, const uint8_t ip[16])
+{
+	struct ibv_port_attr pa;
+	union ibv_gid g;
+
+	if (ibv_query_port(ctx, 1, &pa))
+		return -1;
+	for (int i = 0; i < pa.gid_tbl_len; i++)
+		if (!ibv_query_gid(ctx, 1, i, &g) && !memcmp(g.raw, ip, 16))
+			return i;
+	return -1;
+}
+
+/* The source GID index for datagrams to a: the socket's own address when
+ * it is bound to one, else the address the kernel routes from. */
+static int dg_src_gid(struct rsocket *rs, const struct rs_dg_addr *a)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+	struct rs_dg_addr me;
+	int s, ret = -1;
+
+	if (!getsockname(rs->fd, (struct sockaddr *)&ss, &len) &&
+	    dg_addr_from(&me, (struct sockaddr *)&ss) &&
+	    memcmp(me.ip, in6addr_any.s6_addr, 16) &&
+	    (memcmp(me.ip, v4map, 12) || memcmp(me.ip + 12, "\0\0\0\0", 4)))
+		return dg_gid_index(rs->qp->context, me.ip);
+	if (!dg_addr_to(rs, a, &ss, &len))
+		return -1;
+	s = socket(rs->domain, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return -1;
+	if (!connect(s, (struct sockaddr *)&ss, len)) {
+		len = sizeof(ss);
+		if (!getsockname(s, (struct sockaddr *)&ss, &len) &&
+		    dg_addr_from(&me, (struct sockaddr *)&ss))
+			ret = dg_gid_index(rs->qp->context, me.ip);
+	}
+	close(s);
+	return ret;
+}
+
+/* ------------------------------------------------------------------ */
+/* Destinations                                                       */
+/* ------------------------------------------------------------------ */
+
+static unsigned dg_hash(const struct rs_dg_addr *a)
+{
+	uint32_t h = 2166136261u;
+
+	for (int i = 0; i < 16; i++)
+		h = (h ^ a->ip[i]) * 16777619u;
+	h = (h ^ (a->port & 0xff)) * 16777619u;
+	h = (h ^ (a->port >> 8)) * 16777619u;
+	return h % RS_DG_BUCKETS;
+}
+
+struct rs_dest *dg_find(struct rs_dgram *dg, const struct rs_dg_addr *a)
+{
+	for (int i = dg->bucket[dg_hash(a)]; i >= 0; i = dg->dest[i].next)
+		if (dg_addr_eq(&dg->dest[i].a, a))
+			return &dg->dest[i];
+	return NULL;
+}
+
+static void dg_unlink(struct rs_dgram *dg, int idx)
+{
+	int *p = &dg->bucket[dg_hash(&dg->dest[idx].a)];
+
+	while (*p >= 0 && *p != idx)
+		p = &dg->dest[*p].next;
+	if (*p == idx)
+		*p = dg->dest[idx].next;
+}
+
+/* The entry of a, made if need be (reusing the oldest when the table is
+ * full); NULL without memory. */
+struct rs_dest *dg_dest(struct rs_dgram *dg, const struct rs_dg_addr *a)
+{
+	struct rs_dest *d = dg_find(dg, a);
+	unsigned h;
+	int idx;
+
+	if (d)
+		return d;
+	if (dg->ndest == dg->cap && dg->cap < RS_DG_MAX_DEST) {
+		int cap = dg->cap ? dg->cap * 2 : 16;
+		struct rs_dest *n = realloc(dg->dest, (size_t)cap * sizeof(*n));
+
+		if (n) {
+			dg->dest = n;
+			dg->cap = cap;
+		}
+	}
+	if (dg->ndest < dg->cap) {
+		idx = dg->ndest++;
+	} else {
+		if (!dg->cap)
+			return NULL;
+		idx = dg->evict;
+		dg->evict = (dg->evict + 1) % dg->cap;
+		dg_unlink(dg, idx);
+		if (dg->dest[idx].ah)
+			ibv_destroy_ah(dg->dest[idx].ah);
+	}
+	d = &dg->dest[idx];
+	memset(d, 0, sizeof(*d));
+	d->a = *a;
+	h = dg_hash(a);
+	d->next = dg->bucket[h];
+	dg->bucket[h] = idx;
+	return d;
+}
+
+/* a is at QPN qpn: make (or keep) its address handle.  sgid: our GID index
+ * the datagrams should come from, -1 to look it up. */
+void dg_learn(struct rsocket *rs, const struct rs_dg_addr *a, uint32_t qpn,
+	      int sgid)
+{
+	struct rs_dest *d;
+	struct ibv_ah_attr attr;
+
+	if (!qpn || qpn >= 0xffffff)
+		return;
+	d = dg_dest(rs->dg, a);
+	if (!d)
+		return;
+	d->heard_ns = urdma_now_ns();
+	if (d->ah && d->qpn == qpn)
+		return;
+	if (d->ah) {
+		ibv_destroy_ah(d->ah);
+		d->ah = NULL;
+	}
+	d->qpn = 0;
+	if (sgid < 0)
+		sgid = dg_src_gid(rs, a);
+	if (sgid < 0)
+		return;		/* no GID to send from: UDP it stays */
+	memset(&attr, 0, sizeof(attr));
+	attr.is_global = 1;
+	attr.port_num = 1;
+	attr.grh.sgid_index = (uint8_t)sgid;
+	attr.grh.hop_limit = 64;
+	memcpy(attr.grh.dgid.raw, a->ip, 16);
+	d->ah = ibv_create_ah(rs->pd, &attr);
+	if (d->ah)
+		d->qpn = qpn;
+}
+
+/* ------------------------------------------------------------------ */
+/* The UDP socket                                                     */
+/* ------------------------------------------------------------------ */
+
+/* One datagram on the UDP socket: header (op, our QPN), then iov.  Returns
+ * 0 or an errno. */
+int dg_udp_send(struct rsocket *rs, const struct rs_dg_addr *to, uint8_t op,
+		struct rs_iter *it, size_t len, bool nonblock)
+{
+	struct rs_dg_udp_hdr h = {
+		.magic = htobe32(RS_DG_MAGIC),
+		.version = RS_DG_VERSION,
+		.op = op,
+		.qpn = htobe32(rs->qp ? rs->qp->qp_num : 0),
+	};
+	struct iovec iov[2] = { { &h, sizeof(h) } };
+	struct sockaddr_storage ss;
+	struct msghdr m = { 0 };
+	uint8_t *data = NULL;
+	ssize_t r;
+
+	if (!dg_addr_to(rs, to, &ss, &m.msg_namelen))
+		return EAFNOSUPPORT;
+	m.msg_name = &ss;
+	m.msg_iov = iov;
+	m.msg_iovlen = 1;
+	if (len) {
+		data = malloc(len);
+		if (!data)
+			return ENOMEM;
+		rs_iter_copy(it, data, len, true);
+		iov[1].iov_base = data;
+		iov[1].iov_len = len;
+		m.msg_iovlen = 2;
+	}
+	for (;;) {
+		r = sendmsg(rs->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (r >= 0 || (errno != EAGAIN && errno != EINTR) || nonblock)
+			break;
+		struct pollfd p = { .fd = rs->fd, .events = POLLOUT };
+
+		pthread_mutex_unlock(&rs->lock);
+		poll(&p, 1, RS_WAKE_MS);
+		pthread_mutex_lock(&rs->lock);
+	}
+	free(data);
+	return r < 0 ? errno : 0;
+}
+
+/* Read what the UDP socket holds: REPLYs teach QPNs, DATA is queued for
+ * rrecvfrom (and answered with a REPLY).  Lock held. */
+void dg_udp_input(struct rsocket *rs)
+{
+	struct rs_dgram *dg = rs->dg;
+	size_t cap = sizeof(struct rs_dg_udp_hdr) + (dg->mtu ? dg->mtu : 4096);
+
+	for (int k = 0; k < 64; k++) {
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof(ss);
+		struct rs_dg_udp_hdr h;
+		struct rs_dg_addr from;
+		ssize_t r;
+
+		r = recvfrom(rs->fd, dg->udp_buf, cap, MSG_DONTWAIT | MSG_TRUNC,
+			     (struct sockaddr *)&ss, &sl);
+		if (r < 0) {
+			/* a connected socket's ICMP "port unreachable" */
+			if (errno == ECONNREFUSED && dg->connected)
+				rs->err = ECONNREFUSED;
+			if (errno == EINTR || errno == ECONNREFUSED)
+				continue;
+			return;
+		}
+		if ((size_t)r < sizeof(h) || (size_t)r > cap ||
+		    !dg_addr_from(&from, (struct sockaddr *)&ss)) {
+			dg->udp_drops++;
+			continue;
+		}
+		memcpy(&h, dg->udp_buf, sizeof(h));
+		if (be32toh(h.magic) != RS_DG_MAGIC || h.version != RS_DG_VERSION ||
+		    h.op < RS_DG_OP_DATA || h.op > RS_DG_OP_HELLO ||
+		    (dg->connected && !dg_addr_eq(&from, &dg->peer))) {
+			dg->udp_drops++;
+			continue;
+		}
+		if (h.op == RS_DG_OP_REPLY) {
+			/* only for an address we asked */
+			if (dg_find(dg, &from))
+				dg_learn(rs, &from, be32toh(h.qpn), -1);
+			else
+				dg->udp_drops++;
+			continue;
+		}
+		dg_learn(rs, &from, be32toh(h.qpn), -1);
+		dg_udp_send(rs, &from, RS_DG_OP_REPLY, NULL, 0, true);
+		if (h.op == RS_DG_OP_HELLO)
+			continue;
+		if (dg->udq_tail - dg->udq_head == RS_DG_UDQ || rs->rd_shut) {
+			dg->overflow++;
+			continue;
+		}
+		struct rs_dg_udp_msg *q = &dg->udq[dg->udq_tail % RS_DG_UDQ];
+
+		q->len = (size_t)r - sizeof(h);
+		q->buf = malloc(q->len);
+		if (!q->buf) {
+			dg->overflow++;
+			continue;
+		}
+		memcpy(q->buf, dg->udp_buf + sizeof(h), q->len);
+		q->from = from;
+		dg->udq_tail++;
+	}
+}
