@@ -8,6 +8,11 @@
 #ifndef URDMA_TEST_ROCE_FRAMES_H
 #define URDMA_TEST_ROCE_FRAMES_H
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "iwarp_frames.h"
 #include "transport/udp/roce.h"
 
@@ -44,6 +49,24 @@ static inline size_t rf_ud_send(uint8_t *b, uint32_t qpn, uint32_t qkey, uint32_
 	n += len + pad + ROCE_ICRC;
 	rf_fix(b, n, qpn, qkey, good_crc);
 	return n;
+}
+
+/* A UDP socket bound to 127.0.0.1 (*port: its port): datagrams from it
+ * may name QPs port << 8 | i as their source, as urdma's own do. */
+static inline int rf_socket(uint16_t *port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t l = sizeof(a);
+	int fd = socket(AF_INET, SOCK_DGRAM, 0);
+
+	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) ||
+	    getsockname(fd, (struct sockaddr *)&a, &l)) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	*port = ntohs(a.sin_port);
+	return fd;
 }
 
 #endif

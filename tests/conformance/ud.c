@@ -757,39 +757,44 @@ static void ud_hostile(void *arg)
 	struct sockaddr_in to = { .sin_family = AF_INET,
 				  .sin_port = htons((uint16_t)(qp->qp_num >> 8)),
 				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	int fd = socket(AF_INET, SOCK_DGRAM, 0);
+	uint16_t port = 0;
+	int fd = rf_socket(&port);
+	uint32_t src; /* a QP of our socket's port, as urdma's are named */
 	struct ibv_wc wc;
 	size_t n;
 
 	REQUIRE(fd >= 0, "socket");
+	src = (uint32_t)port << 8 | 0x56;
 	ud_up(qp, QKEY, false);
 	for (int i = 0; i < 4; i++)
 		REQUIRE(t_post_recv(qp, 20 + i, buf + i * 4096, 4096, mr->lkey) == 0, "post");
 #define SEND_PKT(len) sendto(fd, pkt, len, 0, (struct sockaddr *)&to, sizeof(to))
-	n = rf_ud_send(pkt, qp->qp_num, QKEY, 0x123456, "bad crc!", 8, false);
+	n = rf_ud_send(pkt, qp->qp_num, QKEY, src, "bad crc!", 8, false);
 	SEND_PKT(n);
 	SEND_PKT(n - 8);				/* cut short */
 	SEND_PKT(10);					/* no headers */
-	n = rf_ud_send(pkt, qp->qp_num, QKEY, 0x123456, "opcode..", 8, true);
+	n = rf_ud_send(pkt, qp->qp_num, QKEY, src, "opcode..", 8, true);
 	pkt[0] = 0x04;					/* an RC Send */
 	SEND_PKT(n);
-	n = rf_ud_send(pkt, qp->qp_num, QKEY, 0x123456, "", 0, true);
+	n = rf_ud_send(pkt, qp->qp_num, QKEY, src, "", 0, true);
 	pkt[1] = 0x30;					/* pad 3 of nothing */
 	rf_fix(pkt, n, qp->qp_num, QKEY, true);
 	SEND_PKT(n);
-	n = rf_ud_send(pkt, qp->qp_num ^ 0x1, QKEY, 0x123456, "noqp....", 8, true);
+	n = rf_ud_send(pkt, qp->qp_num ^ 0x1, QKEY, src, "noqp....", 8, true);
 	SEND_PKT(n);					/* no such QP */
-	n = rf_ud_send(pkt, qp->qp_num, QKEY + 1, 0x123456, "qkey....", 8, true);
+	n = rf_ud_send(pkt, qp->qp_num, QKEY + 1, src, "qkey....", 8, true);
 	SEND_PKT(n);					/* another Q_Key */
 	static const uint8_t big[4100];
-	n = rf_ud_send(pkt, qp->qp_num, QKEY, 0x123456, big, sizeof(big), true);
+	n = rf_ud_send(pkt, qp->qp_num, QKEY, src, big, sizeof(big), true);
 	SEND_PKT(n);					/* longer than the MTU */
-	n = rf_ud_send(pkt, qp->qp_num, QKEY, 0x123456, "good one", 8, true);
+	n = rf_ud_send(pkt, qp->qp_num, QKEY, src ^ 0x100, "srcqp...", 8, true);
+	SEND_PKT(n);					/* another port's QP */
+	n = rf_ud_send(pkt, qp->qp_num, QKEY, src, "good one", 8, true);
 	SEND_PKT(n);
 #undef SEND_PKT
 	if (t_expect_wc(r.recv_cq, &wc, 20, IBV_WC_SUCCESS, IBV_WC_RECV, "good datagram"))
 		CHECK(wc.byte_len == GRH + 8 && !memcmp(buf + GRH, "good one", 8) &&
-			      wc.src_qp == 0x123456 && (wc.wc_flags & IBV_WC_GRH),
+			      wc.src_qp == src && (wc.wc_flags & IBV_WC_GRH),
 		      "only the good datagram: len %u src %#x", wc.byte_len, wc.src_qp);
 	CHECK(t_cq_drain(r.recv_cq, &wc, 1, 100) == 0, "nothing else");
 	CHECK(t_qp_state(qp) == IBV_QPS_RTS, "the QP goes on");

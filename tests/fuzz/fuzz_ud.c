@@ -20,7 +20,8 @@
  * Input: records {len (2 bytes), flags (1)} each followed by len bytes,
  * a datagram each.  Flag bit 0: the target fixes the datagram up first
  * (its destination QPN, the Q_Key, the CRC), so the input reaches past the
- * checks it would otherwise fail.  Built two ways: with libFuzzer
+ * checks it would otherwise fail); bit 1: its SrcQP names a QP of the
+ * port it is sent from (else it is dropped as a forged source).  Built two ways: with libFuzzer
  * (`make fuzz`), or with -DURDMA_FUZZ_MAIN (ctest fuzz_ud_replay): a main()
  * that runs a bounded number of inputs made from a fixed seed.
  */
@@ -54,6 +55,7 @@ static struct {
 	struct ibv_qp *qp, *marker;
 	struct ibv_ah *ah;
 	int fd;
+	uint16_t port; /* of fd: our datagrams name QPs port << 8 | i */
 	bool up;
 } G;
 
@@ -100,7 +102,7 @@ static void setup(void)
 	FUZZ_ASSERT(!ibv_query_port(G.ctx, 1, &pa), "port");
 	aa.dlid = pa.lid;
 	G.ah = ibv_create_ah(G.pd, &aa);
-	G.fd = socket(AF_INET, SOCK_DGRAM, 0);
+	G.fd = rf_socket(&G.port);
 	FUZZ_ASSERT(G.ah && G.fd >= 0, "ah, socket");
 	G.up = true;
 }
@@ -161,13 +163,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			len = sizeof(dg);
 		memcpy(dg, data + off, len);
 		off += len;
+		if ((flags & 2) && len >= ROCE_BTH + ROCE_DETH) {
+			/* a SrcQP of our port (else dropped at once) */
+			dg[16] = 0;
+			dg[17] = (uint8_t)(G.port >> 8);
+			dg[18] = (uint8_t)G.port;
+		}
 		if (flags & 1)
 			rf_fix(dg, len, G.qp->qp_num, QKEY, true);
 		send_to(G.qp->qp_num, dg, len);
 	}
 	/* The marker: a good datagram to the other QP, read after them. */
 	send_to(G.marker->qp_num, mpkt,
-		rf_ud_send(mpkt, G.marker->qp_num, QKEY, 1, mark, 8, true));
+		rf_ud_send(mpkt, G.marker->qp_num, QKEY, (uint32_t)G.port << 8 | 1, mark, 8,
+			   true));
 	for (int spins = 0; spins < 200000 && !marked; spins++) {
 		int n = ibv_poll_cq(G.cq, 16, wc);
 
@@ -255,7 +264,8 @@ int main(int argc, char **argv)
 
 			in[len] = (uint8_t)n;
 			in[len + 1] = (uint8_t)(n >> 8);
-			in[len + 2] = next() % 4 ? 1 : 0;
+			/* mostly a right CRC and a SrcQP of our port */
+			in[len + 2] = next() % 4 ? 3 : (uint8_t)(next() % 4);
 			len += 3 + n;
 		}
 		LLVMFuzzerTestOneInput(in, len);

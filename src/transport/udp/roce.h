@@ -44,6 +44,7 @@ enum roce_err {
 	ROCE_PAD,     /* a pad count longer than the payload */
 	ROCE_LONG,    /* a payload longer than the MTU */
 	ROCE_CRC,     /* the trailer's CRC is wrong */
+	ROCE_SRCQP,   /* a SrcQP that does not name the port it came from */
 	ROCE_NERR,
 };
 

@@ -79,6 +79,7 @@ static const char *const drop_names[ROCE_NERR + 1] = {
 	[ROCE_VERSION] = "an unknown header version",
 	[ROCE_PKEY] = "another partition", [ROCE_PAD] = "a bad pad count",
 	[ROCE_LONG] = "longer than the MTU", [ROCE_CRC] = "a bad CRC",
+	[ROCE_SRCQP] = "a SrcQP not of the port it came from",
 	[ROCE_NERR] = "for no QP of ours",
 };
 
@@ -318,6 +319,14 @@ static void sock_deliver(struct udp_sock *s, const struct roce_ud *m,
 	pthread_mutex_unlock(&s->qp_lock);
 }
 
+/* The port of address sa (IPv4 or IPv6), host order. */
+static uint32_t sa_port(const struct sockaddr_storage *sa)
+{
+	return sa->ss_family == AF_INET ?
+		       ntohs(((const struct sockaddr_in *)sa)->sin_port) :
+		       ntohs(((const struct sockaddr_in6 *)sa)->sin6_port);
+}
+
 /* Read what the socket has, up to a batch.  One reader at a time. */
 static void sock_rx(struct udp_sock *s)
 {
@@ -351,6 +360,11 @@ static void sock_rx(struct udp_sock *s)
 			continue;
 		}
 		err = roce_parse(s->buf, (size_t)n, &m);
+		/* A QPN names its process's port (port << 8 | index), and the
+		 * kernel vouches for the port a datagram came from: a sender
+		 * can't claim another process's QP as its source. */
+		if (!err && m.src_qp >> 8 != sa_port(&from))
+			err = ROCE_SRCQP;
 		if (err) {
 			sock_drop(s, err);
 			continue;
