@@ -4,7 +4,9 @@
  * GIDs, the bounded table of destinations (address -> QPN and address
  * handle), and the UDP socket that carries what is not resolved yet and
  * the HELLO/REPLY exchange that resolves it (rs_dgram.c has the
- * overview).
+ * overview).  The table learns only from what the kernel vouches for:
+ * the source address of a DATA or HELLO on the UDP socket, or a REPLY
+ * from the address asked that echoes the asker's nonce.
  */
 
 #include <endian.h>
@@ -14,6 +16,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -47,16 +50,19 @@ bool dg_addr_from(struct rs_dg_addr *a, const struct sockaddr *sa)
 	return false;
 }
 
-/* Ours as a socket address of the rsocket's family: false if an AF_INET
- * socket would have to name an IPv6 address. */
+/* Ours as a socket address of the rsocket's family: false if the socket
+ * can't name it (an IPv6 address for AF_INET, an IPv4 one for a v6only
+ * socket). */
 bool dg_addr_to(const struct rsocket *rs, const struct rs_dg_addr *a,
 		struct sockaddr_storage *ss, socklen_t *len)
 {
+	bool v4 = !memcmp(a->ip, v4map, 12);
+
 	memset(ss, 0, sizeof(*ss));
 	if (rs->domain == AF_INET) {
 		struct sockaddr_in *s = (void *)ss;
 
-		if (memcmp(a->ip, v4map, 12))
+		if (!v4)
 			return false;
 		s->sin_family = AF_INET;
 		s->sin_port = a->port;
@@ -65,6 +71,8 @@ bool dg_addr_to(const struct rsocket *rs, const struct rs_dg_addr *a,
 	} else {
 		struct sockaddr_in6 *s = (void *)ss;
 
+		if (v4 && rs->v6only)
+			return false;
 		s->sin6_family = AF_INET6;
 		s->sin6_port = a->port;
 		memcpy(&s->sin6_addr, a->ip, 16);
@@ -92,23 +100,43 @@ int dg_gid_index(struct ibv_context *ctx, const uint8_t ip[16])
 	return -1;
 }
 
+static bool dg_unspecified(const struct rs_dg_addr *a)
+{
+	return !memcmp(a->ip, in6addr_any.s6_addr, 16) ||
+	       (!memcmp(a->ip, v4map, 12) && !memcmp(a->ip + 12, "\0\0\0\0", 4));
+}
+
 /* The source GID index for datagrams to a: the socket's own address when
- * it is bound to one, else the address the kernel routes from. */
+ * it is bound to one, else the address the kernel routes from (asked of
+ * a socket of a's own family, so that bindv6only can't refuse it). */
 static int dg_src_gid(struct rsocket *rs, const struct rs_dg_addr *a)
 {
 	struct sockaddr_storage ss;
 	socklen_t len = sizeof(ss);
 	struct rs_dg_addr me;
+	bool v4 = !memcmp(a->ip, v4map, 12);
 	int s, ret = -1;
 
 	if (!getsockname(rs->fd, (struct sockaddr *)&ss, &len) &&
-	    dg_addr_from(&me, (struct sockaddr *)&ss) &&
-	    memcmp(me.ip, in6addr_any.s6_addr, 16) &&
-	    (memcmp(me.ip, v4map, 12) || memcmp(me.ip + 12, "\0\0\0\0", 4)))
+	    dg_addr_from(&me, (struct sockaddr *)&ss) && !dg_unspecified(&me))
 		return dg_gid_index(rs->qp->context, me.ip);
-	if (!dg_addr_to(rs, a, &ss, &len))
-		return -1;
-	s = socket(rs->domain, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	memset(&ss, 0, sizeof(ss));
+	if (v4) {
+		struct sockaddr_in *sin = (void *)&ss;
+
+		sin->sin_family = AF_INET;
+		sin->sin_port = a->port;
+		memcpy(&sin->sin_addr, a->ip + 12, 4);
+		len = sizeof(*sin);
+	} else {
+		struct sockaddr_in6 *sin6 = (void *)&ss;
+
+		sin6->sin6_family = AF_INET6;
+		sin6->sin6_port = a->port;
+		memcpy(&sin6->sin6_addr, a->ip, 16);
+		len = sizeof(*sin6);
+	}
+	s = socket(v4 ? AF_INET : AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	if (s < 0)
 		return -1;
 	if (!connect(s, (struct sockaddr *)&ss, len)) {
@@ -125,20 +153,31 @@ static int dg_src_gid(struct rsocket *rs, const struct rs_dg_addr *a)
 /* Destinations                                                       */
 /* ------------------------------------------------------------------ */
 
-static unsigned dg_hash(const struct rs_dg_addr *a)
+/* A random word, never 0 (a nonce, a hash seed). */
+uint32_t dg_random(void)
 {
-	uint32_t h = 2166136261u;
+	uint32_t v = 0;
+
+	while (!v)
+		if (getrandom(&v, sizeof(v), 0) != sizeof(v))
+			v = (uint32_t)urdma_now_ns() * 2654435761u;
+	return v;
+}
+
+static unsigned dg_hash(const struct rs_dgram *dg, const struct rs_dg_addr *a)
+{
+	uint32_t h = 2166136261u ^ dg->seed;
 
 	for (int i = 0; i < 16; i++)
 		h = (h ^ a->ip[i]) * 16777619u;
 	h = (h ^ (a->port & 0xff)) * 16777619u;
 	h = (h ^ (a->port >> 8)) * 16777619u;
-	return h % RS_DG_BUCKETS;
+	return (h ^ h >> 15) % RS_DG_BUCKETS;
 }
 
 struct rs_dest *dg_find(struct rs_dgram *dg, const struct rs_dg_addr *a)
 {
-	for (int i = dg->bucket[dg_hash(a)]; i >= 0; i = dg->dest[i].next)
+	for (int i = dg->bucket[dg_hash(dg, a)]; i >= 0; i = dg->dest[i].next)
 		if (dg_addr_eq(&dg->dest[i].a, a))
 			return &dg->dest[i];
 	return NULL;
@@ -146,12 +185,21 @@ struct rs_dest *dg_find(struct rs_dgram *dg, const struct rs_dg_addr *a)
 
 static void dg_unlink(struct rs_dgram *dg, int idx)
 {
-	int *p = &dg->bucket[dg_hash(&dg->dest[idx].a)];
+	int *p = &dg->bucket[dg_hash(dg, &dg->dest[idx].a)];
 
 	while (*p >= 0 && *p != idx)
 		p = &dg->dest[*p].next;
 	if (*p == idx)
 		*p = dg->dest[idx].next;
+}
+
+/* Back to UDP for d: no QPN, no address handle. */
+void dg_forget(struct rs_dest *d)
+{
+	if (d->ah)
+		ibv_destroy_ah(d->ah);
+	d->ah = NULL;
+	d->qpn = 0;
 }
 
 /* The entry of a, made if need be (reusing the oldest when the table is
@@ -181,20 +229,21 @@ struct rs_dest *dg_dest(struct rs_dgram *dg, const struct rs_dg_addr *a)
 		idx = dg->evict;
 		dg->evict = (dg->evict + 1) % dg->cap;
 		dg_unlink(dg, idx);
-		if (dg->dest[idx].ah)
-			ibv_destroy_ah(dg->dest[idx].ah);
+		dg_forget(&dg->dest[idx]);
 	}
 	d = &dg->dest[idx];
 	memset(d, 0, sizeof(*d));
 	d->a = *a;
-	h = dg_hash(a);
+	d->nonce = dg_random();
+	h = dg_hash(dg, a);
 	d->next = dg->bucket[h];
 	dg->bucket[h] = idx;
 	return d;
 }
 
-/* a is at QPN qpn: make (or keep) its address handle.  sgid: our GID index
- * the datagrams should come from, -1 to look it up. */
+/* The kernel vouches that a is at QPN qpn: make (or keep) its address
+ * handle.  sgid: our GID index the datagrams should come from, -1 to look
+ * it up. */
 void dg_learn(struct rsocket *rs, const struct rs_dg_addr *a, uint32_t qpn,
 	      int sgid)
 {
@@ -207,13 +256,10 @@ void dg_learn(struct rsocket *rs, const struct rs_dg_addr *a, uint32_t qpn,
 	if (!d)
 		return;
 	d->heard_ns = urdma_now_ns();
+	d->unanswered = 0;
 	if (d->ah && d->qpn == qpn)
 		return;
-	if (d->ah) {
-		ibv_destroy_ah(d->ah);
-		d->ah = NULL;
-	}
-	d->qpn = 0;
+	dg_forget(d);
 	if (sgid < 0)
 		sgid = dg_src_gid(rs, a);
 	if (sgid < 0)
@@ -233,16 +279,17 @@ void dg_learn(struct rsocket *rs, const struct rs_dg_addr *a, uint32_t qpn,
 /* The UDP socket                                                     */
 /* ------------------------------------------------------------------ */
 
-/* One datagram on the UDP socket: header (op, our QPN), then iov.  Returns
- * 0 or an errno. */
+/* One datagram on the UDP socket: header (op, our QPN, nonce), then iov.
+ * Returns 0 or an errno. */
 int dg_udp_send(struct rsocket *rs, const struct rs_dg_addr *to, uint8_t op,
-		struct rs_iter *it, size_t len, bool nonblock)
+		uint32_t nonce, struct rs_iter *it, size_t len, bool nonblock)
 {
 	struct rs_dg_udp_hdr h = {
 		.magic = htobe32(RS_DG_MAGIC),
 		.version = RS_DG_VERSION,
 		.op = op,
 		.qpn = htobe32(rs->qp ? rs->qp->qp_num : 0),
+		.nonce = htobe32(nonce),
 	};
 	struct iovec iov[2] = { { &h, sizeof(h) } };
 	struct sockaddr_storage ss;
@@ -278,22 +325,34 @@ int dg_udp_send(struct rsocket *rs, const struct rs_dg_addr *to, uint8_t op,
 	return r < 0 ? errno : 0;
 }
 
+/* Ask d for its QPN (again).  After RS_DG_HELLO_MAX unanswered, what we
+ * knew is forgotten: datagrams go over UDP, where a new socket at the
+ * address answers and a dead one is refused. */
+void dg_hello(struct rsocket *rs, struct rs_dest *d, uint64_t now)
+{
+	d->hello_ns = now;
+	if (++d->unanswered > RS_DG_HELLO_MAX && d->qpn)
+		dg_forget(d);
+	dg_udp_send(rs, &d->a, RS_DG_OP_HELLO, d->nonce, NULL, 0, true);
+}
+
 /* Read what the UDP socket holds: REPLYs teach QPNs, DATA is queued for
- * rrecvfrom (and answered with a REPLY).  Lock held. */
+ * rrecvfrom; DATA and HELLO teach the sender's QPN and are answered with a
+ * REPLY.  Lock held. */
 void dg_udp_input(struct rsocket *rs)
 {
 	struct rs_dgram *dg = rs->dg;
-	size_t cap = sizeof(struct rs_dg_udp_hdr) + (dg->mtu ? dg->mtu : 4096);
 
 	for (int k = 0; k < 64; k++) {
 		struct sockaddr_storage ss;
 		socklen_t sl = sizeof(ss);
 		struct rs_dg_udp_hdr h;
 		struct rs_dg_addr from;
+		struct rs_dest *d;
 		ssize_t r;
 
-		r = recvfrom(rs->fd, dg->udp_buf, cap, MSG_DONTWAIT | MSG_TRUNC,
-			     (struct sockaddr *)&ss, &sl);
+		r = recvfrom(rs->fd, dg->udp_buf, dg->udp_cap,
+			     MSG_DONTWAIT | MSG_TRUNC, (struct sockaddr *)&ss, &sl);
 		if (r < 0) {
 			/* a connected socket's ICMP "port unreachable" */
 			if (errno == ECONNREFUSED && dg->connected)
@@ -302,7 +361,7 @@ void dg_udp_input(struct rsocket *rs)
 				continue;
 			return;
 		}
-		if ((size_t)r < sizeof(h) || (size_t)r > cap ||
+		if ((size_t)r < sizeof(h) || (size_t)r > dg->udp_cap ||
 		    !dg_addr_from(&from, (struct sockaddr *)&ss)) {
 			dg->udp_drops++;
 			continue;
@@ -315,15 +374,17 @@ void dg_udp_input(struct rsocket *rs)
 			continue;
 		}
 		if (h.op == RS_DG_OP_REPLY) {
-			/* only for an address we asked */
-			if (dg_find(dg, &from))
+			/* only from an address asked, with its nonce */
+			d = dg_find(dg, &from);
+			if (d && be32toh(h.nonce) == d->nonce)
 				dg_learn(rs, &from, be32toh(h.qpn), -1);
 			else
 				dg->udp_drops++;
 			continue;
 		}
 		dg_learn(rs, &from, be32toh(h.qpn), -1);
-		dg_udp_send(rs, &from, RS_DG_OP_REPLY, NULL, 0, true);
+		dg_udp_send(rs, &from, RS_DG_OP_REPLY, be32toh(h.nonce), NULL, 0,
+			    true);
 		if (h.op == RS_DG_OP_HELLO)
 			continue;
 		if (dg->udq_tail - dg->udq_head == RS_DG_UDQ || rs->rd_shut) {
@@ -333,7 +394,7 @@ void dg_udp_input(struct rsocket *rs)
 		struct rs_dg_udp_msg *q = &dg->udq[dg->udq_tail % RS_DG_UDQ];
 
 		q->len = (size_t)r - sizeof(h);
-		q->buf = malloc(q->len);
+		q->buf = malloc(q->len ? q->len : 1);
 		if (!q->buf) {
 			dg->overflow++;
 			continue;

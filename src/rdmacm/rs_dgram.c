@@ -8,34 +8,44 @@
  * datagram rsockets, or an rsocket and a UDP socket, never share a port.
  *
  * Data path.  Datagrams travel over the rsocket's UD QP (Q_Key
- * RS_DG_QKEY), each with a 4-byte header (struct rs_dg_hdr: version and the
- * sender's UDP port).  The receiver names the source from the GRH's source
- * GID (an IP address: RoCEv2's GIDs) and that port.  The sender's address
- * handle is by GID: the destination's IP; the source GID is the one of the
- * local address the kernel would send from (the bound address, else a
- * route lookup).  A datagram longer than the path MTU minus the header is
- * EMSGSIZE, as UDP's past 64 KiB.  Sends are copied into registered send
- * slots (one per send WR); receives land in slots of 40 (GRH) + MTU bytes
- * and are copied out by rrecvfrom.  As UDP: no flow control, a datagram no
- * receive takes is dropped.
+ * RS_DG_QKEY), each with an 8-byte header (struct rs_dg_hdr: version, the
+ * sender's UDP port, the receiver's).  The sender's address handle is by
+ * GID: the destination's IP; the source GID is the one of the local
+ * address the kernel would send from (the bound address, else a route
+ * lookup).  The receiver names the source from the GRH's source GID (an IP
+ * address: RoCEv2's GIDs) and the sender's port.  A datagram longer than
+ * the MTU less the header (4088 bytes) is EMSGSIZE, as UDP's past 64 KiB.
+ * Sends are copied into registered send slots (one per send WR); receives
+ * land in slots of 40 (GRH) + MTU bytes and are copied out by rrecvfrom.
+ * As UDP: no flow control, a datagram no receive takes is dropped.
  *
- * Resolution.  To reach an address over UD the sender needs the QPN behind
- * it.  Until it knows it, a datagram goes over the UDP socket instead,
- * framed by struct rs_dg_udp_hdr (DATA, with the sender's QPN); the
- * receiver delivers it like any other, learns the sender's QPN, and
- * answers REPLY with its own.  From then on both directions use UD.
- * rconnect sends a HELLO (the question alone), so a connected socket's
- * first send usually goes over UD already.  A UD datagram from an address
- * also teaches its QPN (a restarted peer is learned again this way), and a
- * destination not heard from for RS_DG_REFRESH_NS gets a HELLO again.  The
- * table of destinations is bounded (RS_DG_MAX_DEST, the oldest entry is
- * reused).  docs/wire-protocol.md has the bytes.
+ * Resolution (rs_dg_resolve.c).  To reach an address over UD the sender
+ * needs the QPN behind it.  Until it knows it, a datagram goes over the
+ * UDP socket instead, framed by struct rs_dg_udp_hdr (DATA, with the
+ * sender's QPN and a nonce); the receiver delivers it like any other,
+ * learns the sender's QPN, and answers REPLY with its own and the nonce.
+ * From then on both directions use UD.  rconnect sends a HELLO (the
+ * question alone), so a connected socket's first send usually goes over
+ * UD already.  The table learns only what the kernel vouches for: the
+ * source of a DATA or HELLO, a REPLY from the address asked that echoes
+ * its nonce.  A destination silent for RS_DG_REFRESH_NS gets a HELLO a
+ * second; after RS_DG_HELLO_MAX unanswered its QPN is forgotten and
+ * datagrams go over UDP again (where a dead socket is refused and a new
+ * one answers).  The table is bounded (RS_DG_MAX_DEST; the oldest entry is
+ * reused) and its hash keyed.  docs/wire-protocol.md has the bytes.
  *
  * Hostile input.  Anything on the UDP socket that is not a well-formed
- * header of ours, and any UD datagram without a GRH, with a bad header or
- * from a GID that is no IP address of the socket's family, is dropped and
- * counted (logged at info on close).  A forged REPLY or datagram can only
- * claim an address, as a forged UDP datagram can.
+ * header of ours is dropped.  A UD datagram is taken only with a GRH, our
+ * header naming our port (a QPN freed and taken by another socket of its
+ * process is not mistaken for the old one), a source of the socket's
+ * family (and its peer's, when connected), and a source the table vouches
+ * for: its address at the QPN it came from (urdma's UDP transport already
+ * refuses a SrcQP that is not of the port a datagram came from).  A source
+ * not vouched for may be a peer whose REPLY is still on the UDP socket: it
+ * is read, and else the source asked with a HELLO (one per
+ * RS_DG_ASK_GAP_NS).  Everything dropped is counted (logged at info on
+ * close), and checked before rpoll says POLLIN.  Link-local IPv6 peers
+ * are not supported (no scope id is kept).
  *
  * Progress and waiting are rs_ctrl.c's (rs_progress, rs_wait, rpoll): the
  * rsocket's sleep fds are its completion channel and its UDP socket; the
@@ -116,7 +126,8 @@ static int dg_autobind(struct rsocket *rs)
 }
 
 /* The UD QP, its CQ and slots, every receive posted: made on first use so
- * that queue sizes can be set before.  Lock held.  0 or an errno. */
+ * that queue sizes can be set before.  Lock held.  0 or an errno; a
+ * failure stays (ep_err: not tried again on every progress). */
 static int dg_ep(struct rsocket *rs)
 {
 	struct rs_dgram *dg = rs->dg;
@@ -129,35 +140,35 @@ static int dg_ep(struct rsocket *rs)
 
 	if (rs->qp)
 		return 0;
+	if (dg->ep_err)
+		return dg->ep_err;
 	ret = dg_autobind(rs);
 	if (ret)
 		return ret;
-	if (!dg->devs) {
+	ret = ENODEV;
+	if (!dg->devs)
 		dg->devs = rdma_get_devices(&n);
-		if (!dg->devs || !n || !dg->devs[0])
-			return ENODEV;
-	}
+	if (!dg->devs || !dg->devs[0] || ibv_query_port(dg->devs[0], 1, &pa))
+		goto err;
 	ctx = dg->devs[0];
-	if (ibv_query_port(ctx, 1, &pa))
-		return ENODEV;
 	dg->mtu = 128u << (pa.active_mtu >= IBV_MTU_256 &&
 			   pa.active_mtu <= IBV_MTU_4096 ? pa.active_mtu : 1);
+	ret = ENOMEM;
+	dg->rx_cap = (uint32_t)rs->rq_size;
+	dg->rx = urdma_zalloc_array(dg->rx_cap, sizeof(*dg->rx));
+	dg->udp_cap = sizeof(struct rs_dg_udp_hdr) + dg->mtu;
+	dg->udp_buf = malloc(dg->udp_cap);
 	rlen = (size_t)rs->rq_size * (RS_DG_GRH + dg->mtu);
 	rs->lbuf_len = page_round(rlen + (size_t)rs->sq_size * dg->mtu);
-	if (!dg->rx)
-		dg->rx = urdma_zalloc_array((size_t)rs->rq_size, sizeof(*dg->rx));
-	if (!dg->udp_buf)
-		dg->udp_buf = malloc(sizeof(struct rs_dg_udp_hdr) + dg->mtu);
-	if (!dg->rx || !dg->udp_buf)
-		return ENOMEM;
 	rs->lbuf = mmap(NULL, rs->lbuf_len, PROT_READ | PROT_WRITE,
 			MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (rs->lbuf == MAP_FAILED) {
+	if (rs->lbuf == MAP_FAILED)
 		rs->lbuf = NULL;
-		return ENOMEM;
-	}
+	if (!dg->rx || !dg->udp_buf || !rs->lbuf)
+		goto err;
 	rs->rslots = rs->lbuf;
 	rs->sslots = rs->lbuf + rlen;
+	ret = EIO;
 	rs->pd = ibv_alloc_pd(ctx);
 	if (!rs->pd)
 		goto err;
@@ -190,27 +201,33 @@ static int dg_ep(struct rsocket *rs)
 	a.qp_state = IBV_QPS_INIT;
 	a.port_num = 1;
 	a.qkey = RS_DG_QKEY;
-	if (ibv_modify_qp(rs->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
-					IBV_QP_PORT | IBV_QP_QKEY))
-		goto err;
-	a.qp_state = IBV_QPS_RTR;
-	if (ibv_modify_qp(rs->qp, &a, IBV_QP_STATE))
-		goto err;
-	a.qp_state = IBV_QPS_RTS;
-	a.sq_psn = 0;
-	if (ibv_modify_qp(rs->qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN))
-		goto err;
-	for (uint32_t s = 0; s < (uint32_t)rs->rq_size; s++)
-		if (dg_post_recv(rs, s))
-			goto err;
-	return 0;
+	ret = ibv_modify_qp(rs->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
+					      IBV_QP_PORT | IBV_QP_QKEY);
+	if (!ret) {
+		a.qp_state = IBV_QPS_RTR;
+		ret = ibv_modify_qp(rs->qp, &a, IBV_QP_STATE);
+	}
+	if (!ret) {
+		a.qp_state = IBV_QPS_RTS;
+		a.sq_psn = 0;
+		ret = ibv_modify_qp(rs->qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+	}
+	for (uint32_t s = 0; !ret && s < (uint32_t)rs->rq_size; s++)
+		ret = dg_post_recv(rs, s) ? ENOMEM : 0;
+	if (!ret)
+		return 0;
 err:
-	ret = errno ? errno : ENOMEM;
 	if (rs->qp) {
 		ibv_destroy_qp(rs->qp);
 		rs->qp = NULL;
 	}
 	rs_free_ep(rs);
+	urdma_free(dg->rx);
+	dg->rx = NULL;
+	free(dg->udp_buf);
+	dg->udp_buf = NULL;
+	dg->ep_err = ret;
+	urdma_warn("rsocket %d: no UD endpoint: %s", rs->fd, strerror(ret));
 	return ret;
 }
 
@@ -228,6 +245,7 @@ int rs_dg_create(struct rsocket *rs, bool cloexec)
 	}
 	for (int i = 0; i < RS_DG_BUCKETS; i++)
 		rs->dg->bucket[i] = -1;
+	rs->dg->seed = dg_random();
 	rs->fd = fd;
 	return 0;
 }
@@ -238,15 +256,16 @@ void rs_dg_free(struct rsocket *rs)
 
 	if (!dg)
 		return;
-	if (dg->drops || dg->udp_drops || dg->overflow)
-		urdma_info("rsocket %d: dropped %llu bad datagrams over UD, %llu "
-			   "over UDP, %llu for want of room", rs->fd,
+	if (dg->drops || dg->unverified || dg->udp_drops || dg->overflow)
+		urdma_info("rsocket %d: dropped %llu bad datagrams and %llu from "
+			   "unverified sources over UD, %llu bad over UDP, %llu "
+			   "for want of room", rs->fd,
 			   (unsigned long long)dg->drops,
+			   (unsigned long long)dg->unverified,
 			   (unsigned long long)dg->udp_drops,
 			   (unsigned long long)dg->overflow);
 	for (int i = 0; i < dg->ndest; i++)
-		if (dg->dest[i].ah)
-			ibv_destroy_ah(dg->dest[i].ah);
+		dg_forget(&dg->dest[i]);
 	free(dg->dest);
 	if (rs->qp) {
 		ibv_destroy_qp(rs->qp);
@@ -266,8 +285,80 @@ void rs_dg_free(struct rsocket *rs)
 }
 
 /* ------------------------------------------------------------------ */
-/* Progress                                                           */
+/* Receiving over UD                                                  */
 /* ------------------------------------------------------------------ */
+
+/* Is (from, src_qp) a source the table vouches for?  A source not known,
+ * or at another QPN, may be one whose REPLY is still on the UDP socket:
+ * read it once, then ask the source (at most one such HELLO per
+ * RS_DG_ASK_GAP_NS). */
+static bool dg_verified(struct rsocket *rs, const struct rs_dg_addr *from,
+			uint32_t src_qp)
+{
+	struct rs_dgram *dg = rs->dg;
+	struct rs_dest *d = dg_find(dg, from);
+	uint64_t now;
+
+	if (d && d->qpn == src_qp)
+		goto yes;
+	dg_udp_input(rs);
+	d = dg_find(dg, from);
+	if (d && d->qpn == src_qp)
+		goto yes;
+	now = urdma_now_ns();
+	if (now - dg->ask_ns >= RS_DG_ASK_GAP_NS) {
+		dg->ask_ns = now;
+		d = dg_dest(dg, from);
+		if (d)
+			dg_hello(rs, d, now);
+	}
+	dg->unverified++;
+	return false;
+yes:
+	d->heard_ns = urdma_now_ns();
+	return true;
+}
+
+/* A receive completed: keep it (checked, its source named) or post it
+ * again.  A UD datagram is ours when it has a GRH, our header naming our
+ * port, a source of our family, and the table vouches for its source. */
+static void dg_rx_take(struct rsocket *rs, const struct ibv_wc *w, uint32_t slot)
+{
+	struct rs_dgram *dg = rs->dg;
+	const uint8_t *b = dg_rslot(rs, slot);
+	struct rs_dg_rx *x;
+	struct ibv_grh grh;
+	struct rs_dg_hdr h;
+	struct rs_dg_addr from;
+	struct sockaddr_storage ss;
+	socklen_t sl;
+
+	if (w->status != IBV_WC_SUCCESS || !(w->wc_flags & IBV_WC_GRH) ||
+	    w->byte_len < RS_DG_GRH + sizeof(h) ||
+	    w->byte_len > RS_DG_GRH + dg->mtu)
+		goto drop;
+	memcpy(&grh, b, sizeof(grh));
+	memcpy(&h, b + RS_DG_GRH, sizeof(h));
+	memcpy(from.ip, grh.sgid.raw, 16);
+	from.port = h.sport;
+	if (h.version != RS_DG_VERSION || !h.sport || h.dport != dg->port ||
+	    !dg_addr_to(rs, &from, &ss, &sl) ||
+	    (dg->connected && !dg_addr_eq(&from, &dg->peer)))
+		goto drop;
+	if (!dg_verified(rs, &from, w->src_qp))
+		goto again;
+	x = &dg->rx[dg->rx_tail++ % dg->rx_cap];
+	x->slot = slot;
+	x->len = w->byte_len - RS_DG_GRH - (uint32_t)sizeof(h);
+	x->from = from;
+	return;
+drop:
+	if (w->status != IBV_WC_WR_FLUSH_ERR)
+		dg->drops++;
+again:
+	if (w->status != IBV_WC_WR_FLUSH_ERR && dg_post_recv(rs, slot))
+		rs->err = EIO;
+}
 
 static void dg_poll_cq(struct rsocket *rs)
 {
@@ -280,52 +371,42 @@ static void dg_poll_cq(struct rsocket *rs)
 	while ((n = ibv_poll_cq(rs->cq, 32, wc)) > 0) {
 		for (int i = 0; i < n; i++) {
 			struct ibv_wc *w = &wc[i];
-
-			if (!(w->wr_id & RS_WR_RECV)) {
-				rs->sq_used--;
-				if (w->status != IBV_WC_SUCCESS &&
-				    w->status != IBV_WC_WR_FLUSH_ERR) {
-					/* a UD send error: SQE; resume */
-					struct ibv_qp_attr a = {
-						.qp_state = IBV_QPS_RTS,
-						.cur_qp_state = IBV_QPS_SQE,
-					};
-
-					dg->drops++;
-					ibv_modify_qp(rs->qp, &a, IBV_QP_STATE |
-						      IBV_QP_CUR_STATE);
-				}
-				continue;
-			}
 			uint32_t slot = (uint32_t)(w->wr_id & 0xffffffffu);
 
-			if (slot >= (uint32_t)rs->rq_size)
-				continue;
-			if (w->status != IBV_WC_SUCCESS) {
-				if (w->status != IBV_WC_WR_FLUSH_ERR &&
-				    !dg_post_recv(rs, slot))
-					dg->drops++;
+			if (w->wr_id & RS_WR_RECV) {
+				if (slot < (uint32_t)rs->rq_size)
+					dg_rx_take(rs, w, slot);
 				continue;
 			}
-			dg->rx[dg->rx_tail++ % (uint32_t)rs->rq_size] =
-				(struct rs_dg_rx){
-					.slot = slot,
-					.len = w->byte_len,
-					.src_qp = w->src_qp,
-					.grh = w->wc_flags & IBV_WC_GRH,
+			rs->sq_used--;
+			if (w->status != IBV_WC_SUCCESS &&
+			    w->status != IBV_WC_WR_FLUSH_ERR) {
+				/* a UD send error: SQE; resume */
+				struct ibv_qp_attr a = {
+					.qp_state = IBV_QPS_RTS,
+					.cur_qp_state = IBV_QPS_SQE,
 				};
+
+				dg->drops++;
+				ibv_modify_qp(rs->qp, &a,
+					      IBV_QP_STATE | IBV_QP_CUR_STATE);
+			}
 		}
 		if (n < 32)
 			break;
 	}
 }
 
+/* ------------------------------------------------------------------ */
+/* Progress                                                           */
+/* ------------------------------------------------------------------ */
+
 void rs_dg_progress(struct rsocket *rs)
 {
 	uint64_t now;
 
 	/* a bound socket can be sent to: it needs its QP to answer */
-	if (!rs->qp && (!rs->bound || dg_ep(rs)))
+	if (!rs->qp && (!rs->bound || rs->dg->ep_err || dg_ep(rs)))
 		return;
 	dg_poll_cq(rs);
 	now = urdma_now_ns();
@@ -341,7 +422,7 @@ static bool dg_readable(struct rsocket *rs)
 	struct rs_dgram *dg = rs->dg;
 
 	return dg->rx_head != dg->rx_tail || dg->udq_head != dg->udq_tail ||
-	       rs->err || rs->rd_shut;
+	       rs->err || dg->ep_err || rs->rd_shut;
 }
 
 static bool dg_writable(struct rsocket *rs)
@@ -357,7 +438,7 @@ short rs_dg_revents(struct rsocket *rs)
 		r |= POLLIN;
 	if (dg_writable(rs))
 		r |= POLLOUT;
-	if (rs->err)
+	if (rs->err || rs->dg->ep_err)
 		r |= POLLERR;
 	return r;
 }
@@ -366,7 +447,9 @@ int rs_dg_sleep_fds(struct rsocket *rs, struct pollfd *p)
 {
 	int n = 0;
 
-	p[n++] = (struct pollfd){ .fd = rs->fd, .events = POLLIN };
+	/* (without an endpoint nothing reads the UDP socket: not a wake-up) */
+	if (!rs->dg->ep_err)
+		p[n++] = (struct pollfd){ .fd = rs->fd, .events = POLLIN };
 	if (rs->cq_chan)
 		p[n++] = (struct pollfd){ .fd = rs->cq_chan->fd, .events = POLLIN };
 	return n;
@@ -386,6 +469,31 @@ int rs_dg_bind(struct rsocket *rs, const struct sockaddr *addr, socklen_t len)
 	return dg_autobind(rs);
 }
 
+/* After connect(AF_UNSPEC) the kernel lets go of a port it chose (or we
+ * chose by binding port 0): keep ours, the one our peers know, bound. */
+static void dg_keep_port(struct rsocket *rs)
+{
+	struct rs_dgram *dg = rs->dg;
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+	struct rs_dg_addr me;
+
+	if (getsockname(rs->fd, (struct sockaddr *)&ss, &len) ||
+	    !dg_addr_from(&me, (struct sockaddr *)&ss) || me.port == dg->port)
+		return;
+	if (ss.ss_family == AF_INET)
+		((struct sockaddr_in *)&ss)->sin_port = dg->port;
+	else
+		((struct sockaddr_in6 *)&ss)->sin6_port = dg->port;
+	if (!dg->port || bind(rs->fd, (struct sockaddr *)&ss, len)) {
+		/* taken meanwhile: another port, and peers learn it anew */
+		dg->port = 0;
+		rs->bound = false;
+		if (rs->qp)
+			dg_autobind(rs);
+	}
+}
+
 int rs_dg_connect(struct rsocket *rs, const struct sockaddr *addr, socklen_t len)
 {
 	struct rs_dgram *dg = rs->dg;
@@ -398,35 +506,79 @@ int rs_dg_connect(struct rsocket *rs, const struct sockaddr *addr, socklen_t len
 		connect(rs->fd, addr, len);
 		dg->connected = false;
 		rs->rd_shut = rs->wr_shut = false;
+		dg_keep_port(rs);
 		return 0;
 	}
 	if (connect(rs->fd, addr, len))
 		return errno;
-	if (!dg_addr_from(&dg->peer, addr))
-		return EAFNOSUPPORT;
 	dg->connected = true;
-	dg->port = 0;		/* connect may have bound us */
-	rs->bound = true;
-	ret = dg_autobind(rs);
-	if (!ret)
+	if (!dg_addr_from(&dg->peer, addr))
+		ret = EAFNOSUPPORT;
+	else if (!(ret = dg_autobind(rs)))
 		ret = dg_ep(rs);
-	if (ret)
+	if (ret) {
+		struct sockaddr un = { .sa_family = AF_UNSPEC };
+
+		connect(rs->fd, &un, sizeof(un));
+		dg->connected = false;
 		return ret;
+	}
+	rs->bound = true;
 	/* a HELLO, so that the first send finds the peer's QPN */
 	d = dg_dest(dg, &dg->peer);
-	if (d && !d->qpn) {
-		d->hello_ns = urdma_now_ns();
-		dg_udp_send(rs, &dg->peer, RS_DG_OP_HELLO, NULL, 0, true);
-	}
+	if (d && !d->qpn)
+		dg_hello(rs, d, urdma_now_ns());
 	return 0;
 }
 
-static int dg_wait_err(struct rsocket *rs)
+static int dg_take_err(struct rsocket *rs)
 {
-	int e = rs->err;
+	int e = rs->err ? rs->err : rs->dg->ep_err;
 
 	rs->err = 0;
 	return e;
+}
+
+/* A send WR of the data at it: header, then the data, copied into the
+ * next send slot. */
+static int dg_post(struct rsocket *rs, struct rs_dest *d, struct rs_iter *it,
+		   size_t total)
+{
+	struct rs_dgram *dg = rs->dg;
+	uint32_t slot = (uint32_t)(dg->sq_head % (uint64_t)rs->sq_size);
+	uint8_t *buf = rs->sslots + (size_t)slot * dg->mtu;
+	struct rs_dg_hdr h = {
+		.version = RS_DG_VERSION,
+		.sport = dg->port,
+		.dport = d->a.port,
+	};
+	struct ibv_sge sge = {
+		.addr = (uintptr_t)buf,
+		.length = (uint32_t)(sizeof(h) + total),
+		.lkey = rs->lmr->lkey,
+	};
+	struct ibv_send_wr wr = {
+		.wr_id = slot,
+		.sg_list = &sge,
+		.num_sge = 1,
+		.opcode = IBV_WR_SEND,
+		.send_flags = IBV_SEND_SIGNALED,
+	}, *bad;
+	int ret;
+
+	memcpy(buf, &h, sizeof(h));
+	rs_iter_copy(it, buf + sizeof(h), total, true);
+	if ((int)sge.length <= rs->max_inline)
+		wr.send_flags |= IBV_SEND_INLINE;
+	wr.wr.ud.ah = d->ah;
+	wr.wr.ud.remote_qpn = d->qpn;
+	wr.wr.ud.remote_qkey = RS_DG_QKEY;
+	ret = ibv_post_send(rs->qp, &wr, &bad);
+	if (ret)
+		return ret;
+	dg->sq_head++;
+	rs->sq_used++;
+	return 0;
 }
 
 ssize_t rs_dg_sendv(struct rsocket *rs, const struct iovec *iov, int iovcnt,
@@ -463,71 +615,41 @@ ssize_t rs_dg_sendv(struct rsocket *rs, const struct iovec *iov, int iovcnt,
 	if (rs->wr_shut)
 		return -EPIPE;
 	if (rs->err)
-		return -dg_wait_err(rs);
+		return -dg_take_err(rs);
 	ret = dg_ep(rs);
 	if (ret)
 		return -ret;
 	if (total > dg->mtu - sizeof(struct rs_dg_hdr))
 		return -EMSGSIZE;
 	rs_dg_progress(rs);
-	d = dg_dest(dg, &a);
-	if (!d || !d->qpn) {
-		/* not resolved: over UDP, which also asks for the QPN */
-		ret = dg_udp_send(rs, &a, RS_DG_OP_DATA, &it, total, nonblock);
-		return ret ? -ret : (ssize_t)total;
-	}
-	now = urdma_now_ns();
-	if (now - d->heard_ns > RS_DG_REFRESH_NS &&
-	    now - d->hello_ns > RS_DG_HELLO_GAP_NS) {
-		d->hello_ns = now;
-		dg_udp_send(rs, &a, RS_DG_OP_HELLO, NULL, 0, true);
-	}
-	if (!rs_sq_free(rs)) {
+	for (;;) {
+		d = dg_dest(dg, &a);
+		now = urdma_now_ns();
+		/* silent too long: ask again (and give up on it, at last) */
+		if (d && d->qpn && now - d->heard_ns > RS_DG_REFRESH_NS &&
+		    now - d->hello_ns > RS_DG_HELLO_GAP_NS)
+			dg_hello(rs, d, now);
+		if (!d || !d->qpn) {
+			/* not resolved: over UDP, which also asks */
+			ret = dg_udp_send(rs, &a, RS_DG_OP_DATA,
+					  d ? d->nonce : 0, &it, total, nonblock);
+			return ret ? -ret : (ssize_t)total;
+		}
+		if (rs_sq_free(rs))
+			break;
 		if (rs_wait(rs, dg_writable, nonblock, -1) == -EAGAIN)
 			return -EAGAIN;
 		if (rs->err)
-			return -dg_wait_err(rs);
+			return -dg_take_err(rs);
 		if (rs->wr_shut)
 			return -EPIPE;
-		d = dg_find(dg, &a);	/* the table may have moved */
-		if (!d || !d->qpn)
-			return rs_dg_sendv(rs, iov, iovcnt, flags, to, tolen);
+		/* (the lock was let go: the table may have changed) */
 	}
-	{
-		uint32_t slot = (uint32_t)(dg->sq_head % (uint64_t)rs->sq_size);
-		uint8_t *buf = rs->sslots + (size_t)slot * dg->mtu;
-		struct rs_dg_hdr h = { .version = RS_DG_VERSION, .port = dg->port };
-		struct ibv_sge sge = {
-			.addr = (uintptr_t)buf,
-			.length = (uint32_t)(sizeof(h) + total),
-			.lkey = rs->lmr->lkey,
-		};
-		struct ibv_send_wr wr = {
-			.wr_id = slot,
-			.sg_list = &sge,
-			.num_sge = 1,
-			.opcode = IBV_WR_SEND,
-			.send_flags = IBV_SEND_SIGNALED,
-		}, *bad;
-
-		memcpy(buf, &h, sizeof(h));
-		rs_iter_copy(&it, buf + sizeof(h), total, true);
-		if ((int)sge.length <= rs->max_inline)
-			wr.send_flags |= IBV_SEND_INLINE;
-		wr.wr.ud.ah = d->ah;
-		wr.wr.ud.remote_qpn = d->qpn;
-		wr.wr.ud.remote_qkey = RS_DG_QKEY;
-		ret = ibv_post_send(rs->qp, &wr, &bad);
-		if (ret)
-			return -ret;
-		dg->sq_head++;
-		rs->sq_used++;
-	}
-	return (ssize_t)total;
+	ret = dg_post(rs, d, &it, total);
+	return ret ? -ret : (ssize_t)total;
 }
 
-/* The next datagram, or false: a UD one checked and its source named (a
- * bad one is dropped and its receive posted again). */
+/* The next datagram: false if none. */
 static bool dg_next(struct rsocket *rs, const uint8_t **data, size_t *len,
 		    struct rs_dg_addr *from, bool *udp)
 {
@@ -542,41 +664,14 @@ static bool dg_next(struct rsocket *rs, const uint8_t **data, size_t *len,
 		*udp = true;
 		return true;
 	}
-	while (dg->rx_head != dg->rx_tail) {
-		struct rs_dg_rx *x = &dg->rx[dg->rx_head % (uint32_t)rs->rq_size];
-		const uint8_t *b = dg_rslot(rs, x->slot);
-		struct ibv_grh grh;
-		struct rs_dg_hdr h;
-		struct sockaddr_storage ss;
-		socklen_t sl;
+	if (dg->rx_head != dg->rx_tail) {
+		struct rs_dg_rx *x = &dg->rx[dg->rx_head % dg->rx_cap];
 
-		memcpy(&grh, b, sizeof(grh));
-		memcpy(&h, b + RS_DG_GRH, sizeof(h));
-		memcpy(from->ip, grh.sgid.raw, 16);
-		from->port = h.port;
-		if (x->grh && x->len >= RS_DG_GRH + sizeof(h) &&
-		    x->len <= RS_DG_GRH + dg->mtu && h.version == RS_DG_VERSION &&
-		    h.port && dg_addr_to(rs, from, &ss, &sl) &&
-		    (!dg->connected || dg_addr_eq(from, &dg->peer))) {
-			struct rs_dest *d = dg_find(dg, from);
-
-			/* learn it, or again if it changed (a restarted
-			 * peer); reply from the GID it was sent to */
-			if (!d || d->qpn != x->src_qp)
-				dg_learn(rs, from, x->src_qp,
-					 dg_gid_index(rs->qp->context,
-						      grh.dgid.raw));
-			else
-				d->heard_ns = urdma_now_ns();
-			*data = b + RS_DG_GRH + sizeof(h);
-			*len = x->len - RS_DG_GRH - sizeof(h);
-			*udp = false;
-			return true;
-		}
-		dg->drops++;
-		dg->rx_head++;
-		if (dg_post_recv(rs, x->slot))
-			rs->err = EIO;
+		*data = dg_rslot(rs, x->slot) + RS_DG_GRH + sizeof(struct rs_dg_hdr);
+		*len = x->len;
+		*from = x->from;
+		*udp = false;
+		return true;
 	}
 	return false;
 }
@@ -589,7 +684,7 @@ static void dg_consume(struct rsocket *rs, bool udp)
 		free(dg->udq[dg->udq_head % RS_DG_UDQ].buf);
 		dg->udq_head++;
 	} else {
-		uint32_t slot = dg->rx[dg->rx_head % (uint32_t)rs->rq_size].slot;
+		uint32_t slot = dg->rx[dg->rx_head % dg->rx_cap].slot;
 
 		dg->rx_head++;
 		if (dg_post_recv(rs, slot))
@@ -612,17 +707,20 @@ ssize_t rs_dg_recvv(struct rsocket *rs, const struct iovec *iov, int iovcnt,
 	ret = rs_iov_check(iov, iovcnt, flags, &total);
 	if (ret)
 		return -ret;
-	ret = dg_ep(rs);
-	if (ret)
-		return -ret;
+	/* (an unbound socket has no port: nothing can come, as on UDP) */
+	if (rs->bound) {
+		ret = dg_ep(rs);
+		if (ret)
+			return -ret;
+	}
 	for (;;) {
 		rs_dg_progress(rs);
-		if (rs->rd_shut)
-			return 0;
 		if (dg_next(rs, &data, &len, &from, &udp))
 			break;
-		if (rs->err)
-			return -dg_wait_err(rs);
+		if (rs->rd_shut)
+			return 0;
+		if (rs->err || rs->dg->ep_err)
+			return -dg_take_err(rs);
 		if (rs_wait(rs, dg_readable, nonblock, -1) == -EAGAIN)
 			return -EAGAIN;
 	}

@@ -7,8 +7,8 @@
  * number is port << 8 | index, the port that of one of the process's UDP
  * sockets (each serves 256 QPs; a socket is opened for the first and
  * closed with the last).  A sender sends to the destination GID's address
- * (an IPv4-mapped GID is an IPv4 address; a GID of this host, or an
- * address handle by LID, loopback) at the port the destination QPN names.
+ * (an IPv4-mapped GID is an IPv4 address; an address handle by LID, or a
+ * link-local GID: loopback) at the port the destination QPN names.
  *
  * Receiving: the progress thread watches each socket; ibv_poll_cq on a
  * UD QP's CQ also reads its socket when datagrams came in the last
@@ -652,9 +652,10 @@ static int mcast_prepare(struct urdma_qp *qp, struct udp_sock *s,
 	return 0;
 }
 
-/* Where a datagram to av goes: the GID's address, loopback for one of
- * ours or an address by LID (this host, ud.c); the port QPN qpn names, or
- * a group's (multicast). */
+/* Where a datagram to av goes: the GID's address (ours too: the
+ * receiver's GRH then names the source the sender's GID names), loopback
+ * for an address by LID (this host, ud.c) or a link-local GID (we have no
+ * scope for it); the port QPN qpn names, or a group's (multicast). */
 static void dest_addr(struct urdma_qp *qp, const struct urdma_av *av,
 		      uint32_t qpn, struct sockaddr_in6 *sa)
 {
@@ -663,9 +664,13 @@ static void dest_addr(struct urdma_qp *qp, const struct urdma_av *av,
 	if (av->is_global && urdma_gid_is_mcast(av->dgid)) {
 		memcpy(&sa->sin6_addr, av->dgid, 16);
 		sa->sin6_port = htons(UDP_MCAST_PORT);
-	} else if (av->is_global && !urdma_gid_is_local(qp->uctx, av->dgid)) {
+	} else if (av->is_global && !(av->dgid[0] == 0xfe &&
+					(av->dgid[1] & 0xc0) == 0x80)) {
+		/* another host's address, or ours (then the receiver's GRH
+		 * names it as the source, as the sender's GID says) */
 		memcpy(&sa->sin6_addr, av->dgid, 16);
 	} else {
+		/* by LID, or link-local (no scope here): this host */
 		sa->sin6_addr.s6_addr[10] = sa->sin6_addr.s6_addr[11] = 0xff;
 		sa->sin6_addr.s6_addr[12] = 127;
 		sa->sin6_addr.s6_addr[15] = 1;
