@@ -45,8 +45,11 @@ static void usage(FILE *f)
 "  urdma run [--] PROGRAM [ARGS...]\n"
 "      Run PROGRAM (any unmodified verbs program: ibv_rc_pingpong, ib_send_bw,\n"
 "      qperf, ...) on urdma. The directory that holds urdma's libibverbs.so.1\n"
-"      is prepended to LD_LIBRARY_PATH and PROGRAM is executed in place\n"
-"      (searched in PATH like a shell does). The exit status is PROGRAM's.\n"
+"      is prepended to LD_LIBRARY_PATH, liburdma_view.so (a private view of\n"
+"      /sys/class/infiniband and /dev/infiniband, for UCX, Open MPI and\n"
+"      other tools that look there) to LD_PRELOAD, and PROGRAM is executed\n"
+"      in place (searched in PATH like a shell does). The exit status is\n"
+"      PROGRAM's.\n"
 "  urdma devices [DEVICE]\n"
 "      List urdma devices, their ports (state, MTU, link layer, LID) and each\n"
 "      port's GID table (index, GID, type, network interface).\n"
@@ -59,6 +62,7 @@ static void usage(FILE *f)
 "  URDMA_LOG_LEVEL   library log level: error|warn|info|debug|trace\n"
 "                    (default: warn)\n"
 "  URDMA_LOG_FILE    write library log messages to this file (default: stderr)\n"
+"  URDMA_VIEW=0      'urdma run' preloads no view of the device files\n"
 "  URDMA_LIBDIR      directory holding urdma's libibverbs.so.1, used by\n"
 "                    'urdma run' instead of the one found next to this tool\n"
 "                    (BINDIR/../lib in a build tree, BINDIR/%s when\n"
@@ -182,6 +186,40 @@ static int find_libdir(char *out, size_t outlen)
 	return -1;
 }
 
+/* Preload liburdma_view.so from libdir (the device files middleware looks
+ * for: src/view/view.c), unless URDMA_VIEW=0 or it is there already. */
+static int set_view(const char *libdir)
+{
+	const char *env = getenv("URDMA_VIEW"), *old = getenv("LD_PRELOAD");
+	char lib[PATH_MAX], *val;
+	size_t len;
+
+	if (env && !strcmp(env, "0"))
+		return 0;
+	if (snprintf(lib, sizeof(lib), "%s/liburdma_view.so", libdir) >=
+	    (int)sizeof(lib) || access(lib, R_OK))
+		return 0;	/* (an older install without it) */
+	if (old && strstr(old, lib))
+		return 0;
+	len = strlen(lib) + (old ? strlen(old) + 1 : 0) + 1;
+	val = malloc(len);
+	if (!val) {
+		perror(prog);
+		return -1;
+	}
+	if (old && *old)
+		snprintf(val, len, "%s:%s", lib, old);
+	else
+		snprintf(val, len, "%s", lib);
+	if (setenv("LD_PRELOAD", val, 1)) {
+		perror(prog);
+		free(val);
+		return -1;
+	}
+	free(val);
+	return 0;
+}
+
 static int cmd_run(int argc, char **argv)
 {
 	char libdir[PATH_MAX];
@@ -223,6 +261,8 @@ static int cmd_run(int argc, char **argv)
 		return EXIT_FAILURE;
 	}
 	free(val);
+	if (set_view(libdir))
+		return EXIT_FAILURE;
 
 	fflush(NULL);
 	execvp(argv[i], &argv[i]);
