@@ -425,7 +425,74 @@ int urdma_num_gids(struct ibv_context *c)
 	return to_uctx(c)->num_gids;
 }
 
-/* ---- async events ---- */
+/* ---- async events ----
+ *
+ * A queue under ev_lock, counted by the eventfd (one count per entry).  An
+ * event names its object; as the verbs require, destroying the object
+ * drops its events nobody has read (they stay in the queue, dead, so that
+ * the counts still match) and waits until those read are acknowledged. */
+
+#define EV_DEAD ((enum ibv_event_type)-1)
+
+/* The object an event names, NULL for a port or device event. */
+static void *ev_obj(const struct ibv_async_event *e)
+{
+	switch (e->event_type) {
+	case IBV_EVENT_CQ_ERR:
+		return e->element.cq;
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		return e->element.qp;
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+		return e->element.srq;
+	case IBV_EVENT_WQ_FATAL:
+		return e->element.wq;
+	default:
+		return NULL;
+	}
+}
+
+/* Where an event's object counts what was read of its events and what
+ * was acknowledged, and the lock and condition of the latter. */
+static uint32_t *ev_counts(const struct ibv_async_event *e, uint32_t **done,
+			   pthread_mutex_t **mu, pthread_cond_t **cond)
+{
+	switch (e->event_type) {
+	case IBV_EVENT_CQ_ERR: {
+		struct urdma_cq *cq = to_ucq(e->element.cq);
+
+		*done = &cq->ibcq.async_events_completed;
+		*mu = &cq->ibcq.mutex;
+		*cond = &cq->ibcq.cond;
+		return &cq->async_reported;
+	}
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED: {
+		struct urdma_srq *srq = to_usrq(e->element.srq);
+
+		*done = &srq->ibsrq.events_completed;
+		*mu = &srq->ibsrq.mutex;
+		*cond = &srq->ibsrq.cond;
+		return &srq->async_reported;
+	}
+	case IBV_EVENT_WQ_FATAL:
+		return NULL;	/* (no WQs here) */
+	default:
+		if (!ev_obj(e))
+			return NULL;
+		*done = &e->element.qp->events_completed;
+		*mu = &e->element.qp->mutex;
+		*cond = &e->element.qp->cond;
+		return &to_uqp(e->element.qp)->async_reported;
+	}
+}
 
 void urdma_async_event(struct urdma_context *uctx, struct ibv_async_event *ev)
 {
@@ -457,17 +524,69 @@ int urdma_get_async_event(struct ibv_context *c, struct ibv_async_event *ev)
 	struct urdma_context *uctx = to_uctx(c);
 	uint64_t v;
 
-	if (read(c->async_fd, &v, sizeof(v)) != sizeof(v))
-		return -1;
-	pthread_mutex_lock(&uctx->ev_lock);
-	if (!uctx->ev_count) {
+	for (;;) {
+		uint32_t *done, *reported;
+		pthread_mutex_t *mu;
+		pthread_cond_t *cond;
+
+		if (read(c->async_fd, &v, sizeof(v)) != sizeof(v))
+			return -1;
+		pthread_mutex_lock(&uctx->ev_lock);
+		if (!uctx->ev_count) {
+			pthread_mutex_unlock(&uctx->ev_lock);
+			errno = EAGAIN;
+			return -1;
+		}
+		*ev = uctx->events[uctx->ev_head];
+		uctx->ev_head = (uctx->ev_head + 1) % uctx->ev_cap;
+		uctx->ev_count--;
+		if (ev->event_type == EV_DEAD) {
+			pthread_mutex_unlock(&uctx->ev_lock);
+			continue;	/* its object went: the next one */
+		}
+		reported = ev_counts(ev, &done, &mu, &cond);
+		if (reported)
+			++*reported;
 		pthread_mutex_unlock(&uctx->ev_lock);
-		errno = EAGAIN;
-		return -1;
+		return 0;
 	}
-	*ev = uctx->events[uctx->ev_head];
-	uctx->ev_head = (uctx->ev_head + 1) % uctx->ev_cap;
-	uctx->ev_count--;
+}
+
+void urdma_ack_async_event(struct ibv_async_event *ev)
+{
+	uint32_t *done;
+	pthread_mutex_t *mu;
+	pthread_cond_t *cond;
+
+	if (!ev || !ev_counts(ev, &done, &mu, &cond))
+		return;
+	pthread_mutex_lock(mu);
+	++*done;
+	pthread_cond_broadcast(cond);
+	pthread_mutex_unlock(mu);
+}
+
+/* obj (a QP, CQ or SRQ) is being destroyed: its events nobody read are
+ * dropped; wait until those read (*reported of them) are acknowledged
+ * (*done, under mu, signalled on cond). */
+void urdma_async_release(struct urdma_context *uctx, void *obj,
+			 const uint32_t *reported, const uint32_t *done,
+			 pthread_mutex_t *mu, pthread_cond_t *cond)
+{
+	uint32_t want;
+
+	pthread_mutex_lock(&uctx->ev_lock);
+	for (unsigned int i = 0; i < uctx->ev_count; i++) {
+		struct ibv_async_event *e =
+			&uctx->events[(uctx->ev_head + i) % uctx->ev_cap];
+
+		if (e->event_type != EV_DEAD && ev_obj(e) == obj)
+			e->event_type = EV_DEAD;
+	}
+	want = *reported;
 	pthread_mutex_unlock(&uctx->ev_lock);
-	return 0;
+	pthread_mutex_lock(mu);
+	while ((int32_t)(want - *done) > 0)
+		pthread_cond_wait(cond, mu);
+	pthread_mutex_unlock(mu);
 }

@@ -381,7 +381,9 @@ void urdma_mrs_check(struct urdma_context *uctx)
 		e = PAGE_UP(mr->va + mr->length);
 		if (msync((void *)s, e - s, MS_ASYNC) < 0 && errno == ENOMEM &&
 		    !(atomic_load(&mr->shm->flags) & URDMA_MR_F_UNMAPPED)) {
-			urdma_warn("mr %#x: its pages were unmapped; accesses "
+			/* (legal: UCX's cache deregisters freed memory
+			 * lazily; only an access would be an error) */
+			urdma_info("mr %#x: its pages were unmapped; accesses "
 				   "will fail", mr->ibmr.lkey);
 			atomic_fetch_or(&mr->shm->flags, URDMA_MR_F_UNMAPPED);
 		}

@@ -315,10 +315,13 @@ static void cq_forget_qp(struct urdma_cq *cq, struct urdma_qp *qp)
 
 int urdma_destroy_qp(struct ibv_qp *ibqp)
 {
-	struct urdma_qp *qp = to_uqp(ibqp);
+	struct urdma_qp *qp = to_uqp(ibqp), *first = qp;
 	struct urdma_cq *scq, *rcq;
 	struct urdma_context *uctx;
 
+	/* (its events first: an XRC handle's are its own) */
+	urdma_async_release(to_uctx(ibqp->context), ibqp, &qp->async_reported,
+			    &ibqp->events_completed, &ibqp->mutex, &ibqp->cond);
 	/* An XRC target lives until its last handle goes. */
 	if (qp->xrc_real || qp->xrcd) {
 		qp = urdma_xrc_handle_put(qp);
@@ -330,6 +333,10 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	rcq = qp->rcq;
 	uctx = qp->uctx;
 
+	if (qp != first)	/* the XRC target itself, its last handle gone */
+		urdma_async_release(uctx, ibqp, &qp->async_reported,
+				    &ibqp->events_completed, &ibqp->mutex,
+				    &ibqp->cond);
 	if (qp->tr && qp->tr->drain)
 		qp->tr->drain(qp);
 	urdma_mcast_detach_all(qp);

@@ -97,7 +97,8 @@ int ibv_get_async_event(struct ibv_context *context,
 
 void ibv_ack_async_event(struct ibv_async_event *event)
 {
-	/* Events hold no reference: destroying an object never waits. */
+	/* destroying the event's object waits for this (device.c) */
+	urdma_ack_async_event(event);
 }
 
 int ibv_query_device(struct ibv_context *context,

@@ -7,9 +7,11 @@
 #include "harness.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define NQP 4
 #define MSG 256
@@ -472,6 +474,94 @@ static void error_event_child(struct t_peer *p, void *arg)
 	sender_close(&s);
 }
 
+/* ---- Async events of a QP destroyed: those nobody read are never read;
+ * destroying waits until those read are acknowledged (ibv_destroy_qp(3),
+ * ibv_ack_async_event(3)).  UCX's async thread read a QP event after the
+ * QP's destroy and died reading it (compat_ucx). ---- */
+
+static struct ibv_qp *srq_qp_to_err(struct ibv_pd *pd, struct ibv_cq *cq, struct ibv_srq *srq)
+{
+	struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .srq = srq,
+				       .qp_type = IBV_QPT_RC,
+				       .cap = { .max_send_wr = 1, .max_send_sge = 1 } };
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
+	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+
+	REQUIRE(qp, "create_qp");
+	REQUIRE(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+			       IBV_QP_ACCESS_FLAGS), "INIT");
+	a.qp_state = IBV_QPS_ERR;
+	REQUIRE(!ibv_modify_qp(qp, &a, IBV_QP_STATE), "ERR");
+	return qp;
+}
+
+struct late_ack {
+	struct ibv_async_event ev;
+	uint64_t acked_ms;
+};
+
+static void *ack_later(void *arg)
+{
+	struct late_ack *l = arg;
+
+	usleep(200000);
+	l->acked_ms = t_now_ms();
+	ibv_ack_async_event(&l->ev);
+	return NULL;
+}
+
+static void destroyed_qp_events(void *arg)
+{
+	struct ibv_device **l = ibv_get_device_list(NULL);
+	struct ibv_srq_init_attr sa = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_srq *srq;
+	struct ibv_qp *qp;
+	struct ibv_async_event ev;
+	struct late_ack la = { 0 };
+	pthread_t th;
+	uint64_t t0;
+
+	(void)arg;
+	REQUIRE(l && l[0] && (ctx = ibv_open_device(l[0])), "open");
+	ibv_free_device_list(l);
+	pd = ibv_alloc_pd(ctx);
+	cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+	srq = pd ? ibv_create_srq(pd, &sa) : NULL;
+	REQUIRE(pd && cq && srq, "pd, cq, srq");
+	REQUIRE(!fcntl(ctx->async_fd, F_SETFL, fcntl(ctx->async_fd, F_GETFL) | O_NONBLOCK),
+		"O_NONBLOCK");
+
+	/* an event queued, its QP destroyed before anyone reads it */
+	qp = srq_qp_to_err(pd, cq, srq);
+	REQUIRE(t_fd_readable(ctx->async_fd, 2000), "no LAST_WQE_REACHED event");
+	REQUIRE(!ibv_destroy_qp(qp), "destroy_qp");
+	errno = 0;
+	CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN,
+	      "an event of a destroyed QP was read: %s", ibv_event_type_str(ev.event_type));
+
+	/* an event read and not acknowledged: the destroy waits for the ack */
+	qp = srq_qp_to_err(pd, cq, srq);
+	REQUIRE(t_fd_readable(ctx->async_fd, 2000), "no LAST_WQE_REACHED event");
+	REQUIRE(!ibv_get_async_event(ctx, &la.ev), "get_async_event");
+	CHECK(la.ev.event_type == IBV_EVENT_QP_LAST_WQE_REACHED && la.ev.element.qp == qp,
+	      "event %s", ibv_event_type_str(la.ev.event_type));
+	REQUIRE(!pthread_create(&th, NULL, ack_later, &la), "thread");
+	t0 = t_now_ms();
+	REQUIRE(!ibv_destroy_qp(qp), "destroy_qp");
+	CHECK(la.acked_ms && t_now_ms() >= la.acked_ms,
+	      "ibv_destroy_qp returned after %llu ms, before the event was acknowledged",
+	      (unsigned long long)(t_now_ms() - t0));
+	pthread_join(th, NULL);
+
+	ibv_destroy_srq(srq);
+	ibv_destroy_cq(cq);
+	ibv_dealloc_pd(pd);
+	ibv_close_device(ctx);
+}
+
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
@@ -480,5 +570,6 @@ int main(int argc, char **argv)
 	t_pair("srq_rnr_until_posted", rnr_parent, rnr_child, NULL);
 	t_pair("srq_limit_last_wqe_len_err", events_parent, events_child, NULL);
 	t_pair("srq_error_fires_armed_cq", error_event_parent, error_event_child, NULL);
+	t_case("destroyed_qp_async_events", destroyed_qp_events, NULL);
 	return t_finish();
 }
