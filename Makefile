@@ -42,7 +42,7 @@ check-asan: deps
 	@scripts/deps.sh check
 	@test -f $(ASAN_BUILD)/CMakeCache.txt || cmake -S . -B $(ASAN_BUILD) -DURDMA_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
-	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --timeout 600 -E '^(compat|abi|security)_|^net_(rc_pingpong|perftest|wire_check|rdmacm|qp_types)$$|^rdmacm_(clients|rstream)$$|^api_install$$' $(CTEST_ARGS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --timeout 600 -E '^(compat|abi|security)_|^net_(rc_pingpong|perftest|wire_check|rdmacm|qp_types|middleware)$$|^rdmacm_(clients|rstream)$$|^api_install$$' $(CTEST_ARGS)
 
 bench: all
 	@scripts/deps.sh bench
