@@ -26,7 +26,9 @@
 # BENCH_CM_BUDGET seconds default 120, BENCH_CM_CONNS default 200).
 # Then ibv_reg_mr and fork cost next to memcpy (bench_reg below, BENCH_REG=0
 # leaves it out), and the urdma API's echo next to kernel TCP and raw verbs
-# (bench_api below, BENCH_API=0 leaves it out).
+# (bench_api below, BENCH_API=0 leaves it out).  Last, Open MPI and UCX on
+# urdma next to their own shared memory and TCP (bench/middleware.sh,
+# BENCH_MW=0 leaves it out).
 # Environment: BENCH_REPS (default 5), BENCH_BUDGET seconds (default 240;
 # no new repetition starts after it), BENCH_DEVICE (default urdma0),
 # BENCH_PORT (first TCP port, default 18800).
@@ -858,5 +860,6 @@ bench_api() {
 [ "${BENCH_REG:-1}" = 1 ] && bench_reg
 [ "${BENCH_CM:-1}" = 1 ] && bench_cm
 [ "${BENCH_API:-1}" = 1 ] && bench_api
+[ "${BENCH_MW:-1}" = 1 ] && "$HERE/middleware.sh" "$BUILD" | tee -a "$RESULTS"
 say "bench: results written to $RESULTS"
 exit 0
