@@ -90,7 +90,7 @@ ucp() {
 }
 
 URUN=("$URDMA" run)
-UCX_URDMA=(UCX_TLS=rc_verbs,ud_verbs,self UCX_NET_DEVICES=urdma0:1)
+UCX_URDMA=("UCX_TLS=rc_verbs,ud_verbs,self" "UCX_NET_DEVICES=urdma0:1")
 MPIRUN=(mpirun --allow-run-as-root -np 2)
 for rep in $(seq "$REPS"); do
     say "bench middleware: repetition $rep of $REPS"

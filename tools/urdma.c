@@ -186,13 +186,36 @@ static int find_libdir(char *out, size_t outlen)
 	return -1;
 }
 
+/* Put dir first in the colon-separated list of environment variable name.
+ * 0, or -1 (said). */
+static int env_prepend(const char *name, const char *dir)
+{
+	const char *old = getenv(name);
+	size_t len = strlen(dir) + (old ? strlen(old) + 1 : 0) + 1;
+	char *val = malloc(len);
+	int ret;
+
+	if (!val) {
+		perror(prog);
+		return -1;
+	}
+	if (old && *old)
+		snprintf(val, len, "%s:%s", dir, old);
+	else
+		snprintf(val, len, "%s", dir);
+	ret = setenv(name, val, 1);
+	if (ret)
+		perror(prog);
+	free(val);
+	return ret ? -1 : 0;
+}
+
 /* Preload liburdma_view.so from libdir (the device files middleware looks
  * for: src/view/view.c), unless URDMA_VIEW=0 or it is there already. */
 static int set_view(const char *libdir)
 {
 	const char *env = getenv("URDMA_VIEW"), *old = getenv("LD_PRELOAD");
-	char lib[PATH_MAX], *val;
-	size_t len;
+	char lib[PATH_MAX];
 
 	if (env && !strcmp(env, "0"))
 		return 0;
@@ -201,31 +224,12 @@ static int set_view(const char *libdir)
 		return 0;	/* (an older install without it) */
 	if (old && strstr(old, lib))
 		return 0;
-	len = strlen(lib) + (old ? strlen(old) + 1 : 0) + 1;
-	val = malloc(len);
-	if (!val) {
-		perror(prog);
-		return -1;
-	}
-	if (old && *old)
-		snprintf(val, len, "%s:%s", lib, old);
-	else
-		snprintf(val, len, "%s", lib);
-	if (setenv("LD_PRELOAD", val, 1)) {
-		perror(prog);
-		free(val);
-		return -1;
-	}
-	free(val);
-	return 0;
+	return env_prepend("LD_PRELOAD", lib);
 }
 
 static int cmd_run(int argc, char **argv)
 {
 	char libdir[PATH_MAX];
-	const char *old;
-	char *val;
-	size_t len;
 	int i = 1;
 
 	if (i < argc && strcmp(argv[i], "--") == 0)
@@ -244,23 +248,8 @@ static int cmd_run(int argc, char **argv)
 	if (find_libdir(libdir, sizeof(libdir)))
 		return EXIT_FAILURE;
 
-	old = getenv("LD_LIBRARY_PATH");
-	len = strlen(libdir) + (old ? strlen(old) + 1 : 0) + 1;
-	val = malloc(len);
-	if (!val) {
-		perror(prog);
+	if (env_prepend("LD_LIBRARY_PATH", libdir))
 		return EXIT_FAILURE;
-	}
-	if (old && *old)
-		snprintf(val, len, "%s:%s", libdir, old);
-	else
-		snprintf(val, len, "%s", libdir);
-	if (setenv("LD_LIBRARY_PATH", val, 1)) {
-		perror(prog);
-		free(val);
-		return EXIT_FAILURE;
-	}
-	free(val);
 	if (set_view(libdir))
 		return EXIT_FAILURE;
 

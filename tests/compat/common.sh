@@ -89,6 +89,28 @@ need_cmd() {
     exit 77
 }
 
+# mpi_build: compile tests/compat/mpi_check.c into $WORK/mpi_check with
+# mpicc; 1 (said) if it fails.
+mpi_build() {
+    mpicc -O2 -o "$WORK/mpi_check" "$(dirname "${BASH_SOURCE[0]}")/mpi_check.c" \
+        >"$WORK/mpicc.log" 2>&1 && return 0
+    log "FAIL: mpicc mpi_check.c"
+    show_log "$WORK/mpicc.log" "mpicc output"
+    return 1
+}
+
+# mpi_result NAME: the last run_check ran mpi_check: PASS if it exited 0
+# and said ok (every byte and element checked).
+mpi_result() {
+    if [ "$CHECK_RC" -eq 0 ] && grep -qE '^mpi_check: ok:' "$CHECK_LOG"; then
+        pass "$1"
+        grep -E '^mpi_check' "$CHECK_LOG" | sed 's/^/  | /'
+    else
+        fail "$1" "exit status $CHECK_RC"
+        show_log "$CHECK_LOG" "mpirun output"
+    fi
+}
+
 pass() {
     COMPAT_PASS=$((COMPAT_PASS + 1))
     log "PASS: $1"

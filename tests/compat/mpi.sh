@@ -17,14 +17,9 @@ need_cmd mpirun openmpi-bin
 need_cmd mpicc libopenmpi-dev
 
 T=${COMPAT_MPI_TIMEOUT:-60}     # per job, seconds
-MPI_RE='^mpi_check: ok:'
-if ! mpicc -O2 -o "$WORK/mpi_check" "$HERE/mpi_check.c" >"$WORK/mpicc.log" 2>&1; then
-    log "FAIL: mpicc mpi_check.c"
-    show_log "$WORK/mpicc.log" "mpicc output"
-    exit 1
-fi
+mpi_build || exit 1
 # (root: mpirun wants to be told; oversubscribe: 2 ranks fit on 1 core too)
-MPIRUN="mpirun --allow-run-as-root --oversubscribe -np 2"
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np 2)
 
 for c in \
     "mpi pml ucx (rc_verbs)|UCX_TLS=rc_verbs,ud_verbs,self" \
@@ -32,14 +27,8 @@ for c in \
     name=${c%%|*}
     budget_left "$name" || continue
     log "== $name"
-    run_check "$name" "$T" $URDMA run $MPIRUN --mca pml ucx -x "${c#*|}" \
+    run_check "$name" "$T" "$URDMA" run "${MPIRUN[@]}" --mca pml ucx -x "${c#*|}" \
         -x UCX_NET_DEVICES=urdma0:1 "$WORK/mpi_check"
-    if [ "$CHECK_RC" -eq 0 ] && grep -qE "$MPI_RE" "$CHECK_LOG"; then
-        pass "$name"
-        grep -E '^mpi_check' "$CHECK_LOG" | sed 's/^/  | /'
-    else
-        fail "$name" "exit status $CHECK_RC"
-        show_log "$CHECK_LOG" "mpirun output"
-    fi
+    mpi_result "$name"
 done
 finish

@@ -24,7 +24,7 @@ show_final() { grep -E "$UCX_RE" "$1" | sed 's/^/  | /'; }
 # port, and none of the mlx5 ones.
 name="ucx_info -d lists urdma0 with rc_verbs and ud_verbs"
 log "== $name"
-run_check "$name" "$T" $URDMA run ucx_info -d
+run_check "$name" "$T" "$URDMA" run ucx_info -d
 sect=$(sed -n '/Memory domain: urdma0/,/^# Memory domain: [^u]/p' "$CHECK_LOG")
 if [ "$CHECK_RC" -ne 0 ]; then
     fail "$name" "ucx_info exit status $CHECK_RC"

@@ -49,9 +49,8 @@ done
 name="net mpi pml ucx, one rank per namespace"
 if budget_left "$name"; then
     log "== $name"
-    if ! mpicc -O2 -o "$WORK/mpi_check" "$HERE/../compat/mpi_check.c" >"$WORK/mpicc.log" 2>&1; then
+    if ! mpi_build; then
         fail "$name" "mpicc mpi_check.c"
-        show_log "$WORK/mpicc.log" "mpicc output"
     else
         cat >"$WORK/agent.sh" <<AGENT
 #!/bin/sh
@@ -69,13 +68,7 @@ AGENT
             --host "$SRV_IP,$CLI_IP" --mca plm_rsh_agent "$WORK/agent.sh" --mca pml ucx \
             -x UCX_TLS=rc_verbs,ud_verbs,self -x UCX_NET_DEVICES=urdma0:1 \
             -x UCX_IB_GID_INDEX="$SRV_GID" "$URDMA" run "$WORK/mpi_check"
-        if [ "$CHECK_RC" -eq 0 ] && grep -qE '^mpi_check: ok:' "$CHECK_LOG"; then
-            pass "$name"
-            grep -E '^mpi_check' "$CHECK_LOG" | sed 's/^/  | /'
-        else
-            fail "$name" "exit status $CHECK_RC"
-            show_log "$CHECK_LOG" "mpirun output"
-        fi
+        mpi_result "$name"
     fi
 fi
 finish
