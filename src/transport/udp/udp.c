@@ -15,7 +15,8 @@
  * second, so a polling program needs no thread switch, and while it polls
  * the progress thread stops watching (parking, as the TCP transport's):
  * its wake-up per datagram would only take a CPU from the program.  Polls
- * UDP_PARK_IDLE_NS apart, or an armed CQ, give the socket back.  A datagram is
+ * UDP_PARK_IDLE_NS apart, or an armed CQ, give the socket back (the progress
+ * thread looks every UDP_PARK_CHECK_NS, not sooner).  A datagram is
  * parsed and checked (roce.c), then delivered into the QP's own receive
  * queue as a sender over shared memory would (../ud.c), with a GRH made
  * of its IP addresses, as RoCEv2's receivers report one.  Malformed
@@ -446,8 +447,8 @@ void urdma_udp_tick(void)
 					    memory_order_relaxed);
 		if (now - last >= UDP_PARK_IDLE_NS)
 			sock_park(s, false);
-		else
-			urdma_progress_by(last + UDP_PARK_IDLE_NS);
+		else	/* (not sooner: each look takes a CPU from the poller) */
+			urdma_progress_by(now + UDP_PARK_CHECK_NS);
 	}
 	pthread_mutex_unlock(&U.lock);
 }
