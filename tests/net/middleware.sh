@@ -3,7 +3,7 @@
 # UCX and Open MPI on urdma between two hosts (network namespaces A and B
 # over a veth pair): ucx_perftest, the server in A and the client in B,
 # over UCT rc_verbs (am_lat, put_bw zero copy), UCT ud_verbs (am_lat) and
-# UCP (tag_bw); then mpirun, started in A, with one rank in each namespace
+# UCP (tag_lat, tag_bw, ucp_put_bw, ucp_get); then mpirun, started in A, with one rank in each namespace
 # (its rsh agent is a script that runs the command in B's namespace: no
 # ssh), mpi_check.c with `--mca pml ucx`, every byte checked.  Each side
 # gives UCX the GID index of its own IPv4 address (UCX_IB_GID_INDEX), as
@@ -31,7 +31,10 @@ for c in \
     "uct rc_verbs am_lat|-d urdma0:1 -x rc_verbs|-t am_lat -n 5000" \
     "uct rc_verbs put_bw 1 MiB zcopy|-d urdma0:1 -x rc_verbs|-t put_bw -D zcopy -s 1048576 -n 200" \
     "uct ud_verbs am_lat|-d urdma0:1 -x ud_verbs|-t am_lat -n 5000" \
-    "ucp tag_bw 256 KiB|UCP|-t tag_bw -s 262144 -n 300"; do
+    "ucp tag_lat|UCP|-t tag_lat -n 5000" \
+    "ucp tag_bw 256 KiB|UCP|-t tag_bw -s 262144 -n 300" \
+    "ucp ucp_put_bw 256 KiB|UCP|-t ucp_put_bw -s 262144 -n 300" \
+    "ucp ucp_get 64 KiB|UCP|-t ucp_get -s 65536 -n 500"; do
     IFS='|' read -r name sargs cargs <<<"$c"
     name="net ucx $name"
     [ "$sargs" = UCP ] && sargs=""
