@@ -39,8 +39,6 @@ mpicc -O2 -o "$WORK/mpi_check" "$HERE/../tests/compat/mpi_check.c" 2>"$WORK/mpic
 VETH=0
 if netns_setup; then
     VETH=1
-    GID_A=$(netns_gid_index "$NS_A" "$IP_A")
-    GID_B=$(netns_gid_index "$NS_B" "$IP_B")
     cat >"$WORK/agent.sh" <<AGENT
 #!/bin/sh
 host=\$1; shift
@@ -72,8 +70,8 @@ ucp() {
     shift 3
     PORT=$((PORT + 1))
     if [[ $key == veth* ]]; then
-        srv=(ip netns exec "$NS_A" env URDMA_SHM_DIR="$WORK/shm-a" UCX_IB_GID_INDEX="$GID_A" "$@")
-        cli=(ip netns exec "$NS_B" env URDMA_SHM_DIR="$WORK/shm-b" UCX_IB_GID_INDEX="$GID_B" "$@")
+        srv=(ip netns exec "$NS_A" env URDMA_SHM_DIR="$WORK/shm-a" "$@")
+        cli=(ip netns exec "$NS_B" env URDMA_SHM_DIR="$WORK/shm-b" "$@")
         dst=$IP_A
     else
         srv=(env "$@")
@@ -107,7 +105,7 @@ for rep in $(seq "$REPS"); do
         mpi veth.urdma ip netns exec "$NS_A" env URDMA_SHM_DIR="$WORK/shm-a" "${MPIRUN[@]}" \
             --bind-to none --host "$IP_A,$IP_B" --mca plm_rsh_agent "$WORK/agent.sh" --mca pml ucx \
             -x UCX_TLS=rc_verbs,ud_verbs,self -x UCX_NET_DEVICES=urdma0:1 \
-            -x UCX_IB_GID_INDEX="$GID_A" "${URUN[@]}" "$WORK/mpi_check"
+            "${URUN[@]}" "$WORK/mpi_check"
         mpi veth.tcp ip netns exec "$NS_A" "${MPIRUN[@]}" --bind-to none --host "$IP_A,$IP_B" \
             --mca plm_rsh_agent "$WORK/agent.sh" --mca pml ob1 --mca btl tcp,self "$WORK/mpi_check"
         ucp veth.ucp_lat.urdma tag_lat 8 "${UCX_URDMA[@]}" "${URUN[@]}"

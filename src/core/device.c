@@ -107,28 +107,34 @@ static void build_gids(struct urdma_context *uctx)
 	g->raw[1] = 0x80;
 	memcpy(&g->raw[8], &guid, 8);
 	uctx->gids[0].ifindex = 1;
+	/* IPv4 then IPv6; in each, the host's addresses before loopback's:
+	 * a program that takes the first RoCE v2 IPv4 GID (UCX) then names
+	 * an address another host can reach. */
 	if (getifaddrs(&ifa) == 0) {
-		for (int pass = 0; pass < 2; pass++) {
+		for (int pass = 0; pass < 4; pass++) {
+			bool v6 = pass >= 2, lo = pass & 1;
+
 			for (i = ifa; i; i = i->ifa_next) {
 				union ibv_gid *x;
 
-				if (!i->ifa_addr || n == URDMA_MAX_GID)
+				if (!i->ifa_addr || n == URDMA_MAX_GID ||
+				    i->ifa_addr->sa_family != (v6 ? AF_INET6 : AF_INET))
 					continue;
 				x = &uctx->gids[n].gid;
 				memset(x, 0, sizeof(*x));
-				if (pass == 0 && i->ifa_addr->sa_family == AF_INET) {
+				if (!v6) {
+					struct in_addr a = ((struct sockaddr_in *)i->ifa_addr)->sin_addr;
+
+					if (((ntohl(a.s_addr) >> 24) == 127) != lo)
+						continue;
 					x->raw[10] = x->raw[11] = 0xff;
-					memcpy(&x->raw[12],
-					       &((struct sockaddr_in *)i->ifa_addr)->sin_addr, 4);
-				} else if (pass == 1 &&
-					   i->ifa_addr->sa_family == AF_INET6) {
+					memcpy(&x->raw[12], &a, 4);
+				} else {
 					struct in6_addr *a = &((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr;
 
-					if (IN6_IS_ADDR_LINKLOCAL(a))
+					if (IN6_IS_ADDR_LINKLOCAL(a) || IN6_IS_ADDR_LOOPBACK(a) != lo)
 						continue;
 					memcpy(x->raw, a, 16);
-				} else {
-					continue;
 				}
 				uctx->gids[n++].ifindex = if_nametoindex(i->ifa_name);
 			}

@@ -15,7 +15,7 @@ need_cmd ibv_rc_pingpong ibverbs-utils
 PORT_BASE=${COMPAT_RC_PORT:-18600}
 T=${COMPAT_RC_TIMEOUT:-25}     # per process, seconds
 
-# GID index of ::ffff:127.0.0.1 (falls back to 1, the documented layout).
+# GID index of ::ffff:127.0.0.1 (else 1: on one host, any of ours works).
 GID_IDX=$("$URDMA" devices 2>/dev/null |
           sed -nE 's/^[[:space:]]*\[[[:space:]]*([0-9]+)\][[:space:]]+::ffff:127\.0\.0\.1([[:space:]].*)?$/\1/p' |
           head -n 1)

@@ -680,9 +680,11 @@ static void pair_receiver(struct t_peer *p, void *arg)
 		      "GRH datagram: id %llu len %u flags %#x src %#x sl %u",
 		      (unsigned long long)wc[0].wr_id, wc[0].byte_len, wc[0].wc_flags,
 		      wc[0].src_qp, wc[0].sl);
-		/* (over UDP on loopback: the addresses are 127.0.0.1) */
+		/* (over UDP the GRH is made of the IP addresses: both ours, the
+		 * one of GID 1 the sender sent to) */
 		CHECK(udp ? be32toh(h->version_tclass_flow) >> 28 == 6 && h->next_hdr == 0x1b &&
-				    !memcmp(h->sgid.raw, h->dgid.raw, 16) && h->sgid.raw[12] == 127 :
+				    !memcmp(h->sgid.raw, h->dgid.raw, 16) &&
+				    !memcmp(h->dgid.raw, mine.raw, 16) :
 			    be32toh(h->version_tclass_flow) ==
 					    (6u << 28 | 0x20u << 20 | 0x12345) &&
 				    h->next_hdr == 0x1b && h->hop_limit == 64 &&
