@@ -322,7 +322,8 @@ int urdma_destroy_cq(struct ibv_cq *ibcq)
 	if (atomic_load(&cq->usecnt))
 		return EBUSY;
 	urdma_async_release(uctx, ibcq, &cq->async_reported,
-			    &ibcq->async_events_completed, &ibcq->mutex, &ibcq->cond);
+			    &ibcq->async_events_completed, &ibcq->mutex, &ibcq->cond,
+			    &cq->async_gone);
 	pthread_mutex_lock(&uctx->lock);
 	list_del(&cq->node);
 	pthread_mutex_unlock(&uctx->lock);

@@ -468,7 +468,8 @@ static void *ev_obj(const struct ibv_async_event *e)
 /* Where an event's object counts what was read of its events and what
  * was acknowledged, and the lock and condition of the latter. */
 static uint32_t *ev_counts(const struct ibv_async_event *e, uint32_t **done,
-			   pthread_mutex_t **mu, pthread_cond_t **cond)
+			   pthread_mutex_t **mu, pthread_cond_t **cond,
+			   bool **gone)
 {
 	switch (e->event_type) {
 	case IBV_EVENT_CQ_ERR: {
@@ -477,6 +478,7 @@ static uint32_t *ev_counts(const struct ibv_async_event *e, uint32_t **done,
 		*done = &cq->ibcq.async_events_completed;
 		*mu = &cq->ibcq.mutex;
 		*cond = &cq->ibcq.cond;
+		*gone = &cq->async_gone;
 		return &cq->async_reported;
 	}
 	case IBV_EVENT_SRQ_ERR:
@@ -486,6 +488,7 @@ static uint32_t *ev_counts(const struct ibv_async_event *e, uint32_t **done,
 		*done = &srq->ibsrq.events_completed;
 		*mu = &srq->ibsrq.mutex;
 		*cond = &srq->ibsrq.cond;
+		*gone = &srq->async_gone;
 		return &srq->async_reported;
 	}
 	case IBV_EVENT_WQ_FATAL:
@@ -496,6 +499,7 @@ static uint32_t *ev_counts(const struct ibv_async_event *e, uint32_t **done,
 		*done = &e->element.qp->events_completed;
 		*mu = &e->element.qp->mutex;
 		*cond = &e->element.qp->cond;
+		*gone = &to_uqp(e->element.qp)->async_gone;
 		return &to_uqp(e->element.qp)->async_reported;
 	}
 }
@@ -503,8 +507,18 @@ static uint32_t *ev_counts(const struct ibv_async_event *e, uint32_t **done,
 void urdma_async_event(struct urdma_context *uctx, struct ibv_async_event *ev)
 {
 	uint64_t one = 1;
+	uint32_t *done;
+	pthread_mutex_t *mu;
+	pthread_cond_t *cond;
+	bool *gone = NULL;
 
 	pthread_mutex_lock(&uctx->ev_lock);
+	/* an object being destroyed reports nothing more (nobody could
+	 * follow the event to it) */
+	if (ev_counts(ev, &done, &mu, &cond, &gone) && *gone) {
+		pthread_mutex_unlock(&uctx->ev_lock);
+		return;
+	}
 	if (uctx->ev_count == uctx->ev_cap) {
 		unsigned int ncap = uctx->ev_cap ? uctx->ev_cap * 2 : 16;
 		struct ibv_async_event *n =
@@ -534,6 +548,7 @@ int urdma_get_async_event(struct ibv_context *c, struct ibv_async_event *ev)
 		uint32_t *done, *reported;
 		pthread_mutex_t *mu;
 		pthread_cond_t *cond;
+		bool *gone;
 
 		if (read(c->async_fd, &v, sizeof(v)) != sizeof(v))
 			return -1;
@@ -550,7 +565,7 @@ int urdma_get_async_event(struct ibv_context *c, struct ibv_async_event *ev)
 			pthread_mutex_unlock(&uctx->ev_lock);
 			continue;	/* its object went: the next one */
 		}
-		reported = ev_counts(ev, &done, &mu, &cond);
+		reported = ev_counts(ev, &done, &mu, &cond, &gone);
 		if (reported)
 			++*reported;
 		pthread_mutex_unlock(&uctx->ev_lock);
@@ -563,8 +578,9 @@ void urdma_ack_async_event(struct ibv_async_event *ev)
 	uint32_t *done;
 	pthread_mutex_t *mu;
 	pthread_cond_t *cond;
+	bool *gone;
 
-	if (!ev || !ev_counts(ev, &done, &mu, &cond))
+	if (!ev || !ev_counts(ev, &done, &mu, &cond, &gone))
 		return;
 	pthread_mutex_lock(mu);
 	++*done;
@@ -572,16 +588,17 @@ void urdma_ack_async_event(struct ibv_async_event *ev)
 	pthread_mutex_unlock(mu);
 }
 
-/* obj (a QP, CQ or SRQ) is being destroyed: its events nobody read are
- * dropped; wait until those read (*reported of them) are acknowledged
- * (*done, under mu, signalled on cond). */
+/* obj (a QP, CQ or SRQ) is being destroyed: it raises no more events
+ * (*gone), its events nobody read are dropped; wait until those read
+ * (*reported of them) are acknowledged (*done, under mu, on cond). */
 void urdma_async_release(struct urdma_context *uctx, void *obj,
 			 const uint32_t *reported, const uint32_t *done,
-			 pthread_mutex_t *mu, pthread_cond_t *cond)
+			 pthread_mutex_t *mu, pthread_cond_t *cond, bool *gone)
 {
 	uint32_t want;
 
 	pthread_mutex_lock(&uctx->ev_lock);
+	*gone = true;	/* (what the engine raises from now on is dropped) */
 	for (unsigned int i = 0; i < uctx->ev_count; i++) {
 		struct ibv_async_event *e =
 			&uctx->events[(uctx->ev_head + i) % uctx->ev_cap];

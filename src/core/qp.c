@@ -321,7 +321,8 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 
 	/* (its events first: an XRC handle's are its own) */
 	urdma_async_release(to_uctx(ibqp->context), ibqp, &qp->async_reported,
-			    &ibqp->events_completed, &ibqp->mutex, &ibqp->cond);
+			    &ibqp->events_completed, &ibqp->mutex, &ibqp->cond,
+			    &qp->async_gone);
 	/* An XRC target lives until its last handle goes. */
 	if (qp->xrc_real || qp->xrcd) {
 		qp = urdma_xrc_handle_put(qp);
@@ -336,7 +337,7 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	if (qp != first)	/* the XRC target itself, its last handle gone */
 		urdma_async_release(uctx, ibqp, &qp->async_reported,
 				    &ibqp->events_completed, &ibqp->mutex,
-				    &ibqp->cond);
+				    &ibqp->cond, &qp->async_gone);
 	if (qp->tr && qp->tr->drain)
 		qp->tr->drain(qp);
 	urdma_mcast_detach_all(qp);

@@ -223,7 +223,8 @@ int urdma_destroy_srq(struct ibv_srq *ibsrq)
 	pthread_mutex_unlock(&srq->lock);
 
 	urdma_async_release(uctx, ibsrq, &srq->async_reported,
-			    &ibsrq->events_completed, &ibsrq->mutex, &ibsrq->cond);
+			    &ibsrq->events_completed, &ibsrq->mutex, &ibsrq->cond,
+			    &srq->async_gone);
 	pthread_mutex_lock(&uctx->lock);
 	list_del(&srq->ctx_node);
 	pthread_mutex_unlock(&uctx->lock);

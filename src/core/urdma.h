@@ -168,6 +168,7 @@ struct urdma_cq {
 	_Atomic int usecnt;
 	uint32_t events_reported; /* by ibv_get_cq_event, under ibcq.mutex */
 	uint32_t async_reported;  /* by ibv_get_async_event, under ev_lock */
+	bool async_gone;          /* being destroyed: no more events (ev_lock) */
 	/* ibv_create_cq_ex: the completion that ibv_start_poll/ibv_next_poll
 	 * took, read by the ibv_wc_read_* calls (cq_ex.c) */
 	bool stamp;      /* IBV_WC_EX_WITH_COMPLETION_TIMESTAMP(_WALLCLOCK) */
@@ -268,6 +269,7 @@ struct urdma_srq {
 	struct ibv_srq ibsrq;
 	struct urdma_context *uctx;
 	uint32_t async_reported;   /* by ibv_get_async_event, under ev_lock */
+	bool async_gone;           /* being destroyed: no more events (ev_lock) */
 	struct list_head ctx_node; /* in context.srqs */
 	pthread_mutex_t lock;	   /* posting, taking, qps */
 	struct list_head qps;	   /* QPs on it (qp->srq_node) */
@@ -313,6 +315,7 @@ struct urdma_qp {
 		struct ibv_qp_ex ibqp_ex;
 	};
 	uint32_t async_reported; /* by ibv_get_async_event, under ev_lock */
+	bool async_gone;         /* being destroyed: no more events (ev_lock) */
 	struct urdma_wr_batch *wrb; /* the wr_ calls' WRs (qp_ex.c), or NULL */
 	struct urdma_srq *srq;	    /* receives from it (srq.c), or NULL */
 	struct list_head srq_node;
@@ -590,7 +593,7 @@ void urdma_async_event(struct urdma_context *uctx, struct ibv_async_event *ev);
 void urdma_ack_async_event(struct ibv_async_event *ev);
 void urdma_async_release(struct urdma_context *uctx, void *obj,
 			 const uint32_t *reported, const uint32_t *done,
-			 pthread_mutex_t *mu, pthread_cond_t *cond);
+			 pthread_mutex_t *mu, pthread_cond_t *cond, bool *gone);
 
 /* pd_mr.c */
 void urdma_mrs_check(struct urdma_context *uctx);
