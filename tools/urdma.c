@@ -224,6 +224,16 @@ static int set_view(const char *libdir)
 		return 0;	/* (an older install without it) */
 	if (old && strstr(old, lib))
 		return 0;
+	/* A program built with ASan wants its runtime first: let it start
+	 * with ours before it (nothing of ours is instrumented). */
+	env = getenv("ASAN_OPTIONS");
+	if (!env || !strstr(env, "verify_asan_link_order")) {
+		char opt[1024];
+
+		snprintf(opt, sizeof(opt), "%s%sverify_asan_link_order=0",
+			 env ? env : "", env && *env ? ":" : "");
+		setenv("ASAN_OPTIONS", opt, 1);
+	}
 	return env_prepend("LD_PRELOAD", lib);
 }
 

@@ -5,8 +5,10 @@
  * One device, urdma0, one port: ACTIVE, Ethernet link layer, MTU 4096.  The
  * GID table is built from the addresses of the current network namespace:
  * index 0 is a link-local GID from the node GUID, then one IPv4-mapped GID
- * per IPv4 address (so 127.0.0.1 is index 1), then other IPv6 addresses; all
- * of RoCE v2 type.  The LID is derived from the network namespace, so it
+ * per IPv4 address, then the IPv6 addresses but link-local ones, loopback's
+ * last in each family (the first IPv4 GID is one other hosts can reach, as
+ * UCX assumes) and always kept (room is reserved for them); all of RoCE v2
+ * type.  The LID is derived from the network namespace, so it
  * differs between namespaces and is the same for every process in one.
  */
 #include <arpa/inet.h>
@@ -111,6 +113,16 @@ static void build_gids(struct urdma_context *uctx)
 	 * a program that takes the first RoCE v2 IPv4 GID (UCX) then names
 	 * an address another host can reach. */
 	if (getifaddrs(&ifa) == 0) {
+		int nlo = 0;	/* loopback's GIDs always fit: room kept */
+
+		for (i = ifa; i; i = i->ifa_next)
+			if (i->ifa_addr && ((i->ifa_addr->sa_family == AF_INET &&
+			     ntohl(((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr) >> 24 == 127) ||
+			    (i->ifa_addr->sa_family == AF_INET6 &&
+			     IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr))))
+				nlo++;
+		if (nlo > URDMA_MAX_GID - 1)
+			nlo = URDMA_MAX_GID - 1;
 		for (int pass = 0; pass < 4; pass++) {
 			bool v6 = pass >= 2, lo = pass & 1;
 
@@ -118,6 +130,7 @@ static void build_gids(struct urdma_context *uctx)
 				union ibv_gid *x;
 
 				if (!i->ifa_addr || n == URDMA_MAX_GID ||
+				    (!lo && n >= URDMA_MAX_GID - nlo) ||
 				    i->ifa_addr->sa_family != (v6 ? AF_INET6 : AF_INET))
 					continue;
 				x = &uctx->gids[n].gid;

@@ -41,9 +41,12 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -56,10 +59,16 @@ static const char *const view_prefixes[] = {
 };
 
 static pthread_once_t view_once = PTHREAD_ONCE_INIT;
-static char view_root[PATH_MAX];	/* "" until made; made by view_pid */
-static size_t view_root_len;
+static char view_root[64];		/* /proc/self/fd/N: the tree, by fd */
+static size_t view_root_len;		/* 0: no view (yet) */
+static char view_canon[PATH_MAX];	/* the tree's path, for realpath */
+static size_t view_canon_len;
+static char view_name[64];		/* view-<pid>-<random> in the host dir */
+static int view_fd = -1;		/* the tree, flock'd shared while ours */
 static pid_t view_pid;
 static __thread int view_busy;		/* making the tree: no mapping */
+
+#define VIEW_FD_MIN 700	/* out of the way of the program's own fds */
 
 void *view_real(const char *name)
 {
@@ -96,16 +105,17 @@ static void view_rm(int dirfd, const char *name)
 
 /* The host directory, checked as libibverbs checks it: ours, writable by
  * nobody else, not a link.  Its fd, or -1. */
-static int view_host_dir(char *path, size_t len)
+static int view_host_dir(void)
 {
 	const char *env = getenv("URDMA_SHM_DIR");
+	char path[PATH_MAX];
 	struct stat st;
 	int fd;
 
 	if (env && *env)
-		snprintf(path, len, "%s", env);
+		snprintf(path, sizeof(path), "%s", env);
 	else
-		snprintf(path, len, "/dev/shm/urdma-%u", (unsigned)geteuid());
+		snprintf(path, sizeof(path), "/dev/shm/urdma-%u", (unsigned)geteuid());
 	if (mkdir(path, 0700) && errno != EEXIST)
 		return -1;
 	fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -118,7 +128,8 @@ static int view_host_dir(char *path, size_t len)
 	return fd;
 }
 
-/* Trees of processes that are gone. */
+/* Trees nobody holds (their process died, or exec'd): each live tree is
+ * flock'd shared by its process, whatever its PID namespace. */
 static void view_sweep(int hostfd)
 {
 	int fd = dup(hostfd);
@@ -131,33 +142,29 @@ static void view_sweep(int hostfd)
 		return;
 	}
 	while ((e = readdir(d))) {
-		char *end;
-		long pid;
+		int t;
 
 		if (strncmp(e->d_name, "view-", 5))
 			continue;
-		pid = strtol(e->d_name + 5, &end, 10);
-		if (*end || pid <= 0 || pid == getpid())
+		t = openat(hostfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (t < 0)
 			continue;
-		if (kill((pid_t)pid, 0) && errno == ESRCH)
+		if (!flock(t, LOCK_EX | LOCK_NB))
 			view_rm(hostfd, e->d_name);
+		close(t);
 	}
 	closedir(d);
 }
 
 static void view_cleanup(void)
 {
-	char host[PATH_MAX];
 	int hostfd;
 
 	if (!view_root_len || view_pid != getpid())
 		return;
-	hostfd = view_host_dir(host, sizeof(host));
+	hostfd = view_host_dir();
 	if (hostfd >= 0) {
-		char name[32];
-
-		snprintf(name, sizeof(name), "view-%d", (int)view_pid);
-		view_rm(hostfd, name);
+		view_rm(hostfd, view_name);
 		close(hostfd);
 	}
 	view_root_len = 0;
@@ -166,47 +173,83 @@ static void view_cleanup(void)
 static void view_atfork_child(void)
 {
 	/* the parent's tree is the parent's: the child makes its own */
+	if (view_fd >= 0)
+		close(view_fd);
+	view_fd = -1;
 	view_root_len = 0;
-	view_root[0] = 0;
+	view_canon_len = 0;
 	view_once = (pthread_once_t)PTHREAD_ONCE_INIT;
+}
+
+/* urdma's libibverbs: the one next to this library (another one, say
+ * rdma-core's, would read the real sysfs through us while we make the
+ * tree).  0, or -1 if it is not there. */
+static int view_verbs_path(char *buf, size_t len)
+{
+	Dl_info info;
+	const char *slash;
+
+	if (!dladdr((void *)view_atfork_child, &info) || !info.dli_fname)
+		return -1;
+	slash = strrchr(info.dli_fname, '/');
+	if (!slash || (size_t)(slash - info.dli_fname) + sizeof("/libibverbs.so.1") > len)
+		return -1;
+	memcpy(buf, info.dli_fname, (size_t)(slash - info.dli_fname));
+	strcpy(buf + (slash - info.dli_fname), "/libibverbs.so.1");
+	return access(buf, R_OK) ? -1 : 0;
 }
 
 static void view_make(void)
 {
-	char host[PATH_MAX], name[32];
+	char tmp[64], verbs[PATH_MAX];
 	const char *env = getenv("URDMA_VIEW");
-	int hostfd, rootfd;
+	uint32_t rnd = 0;
+	int hostfd, rootfd = -1, fd;
+	ssize_t n;
 
-	if (env && !strcmp(env, "0"))
+	if ((env && !strcmp(env, "0")) || view_verbs_path(verbs, sizeof(verbs)))
 		return;
 	view_busy++;
-	hostfd = view_host_dir(host, sizeof(host));
+	hostfd = view_host_dir();
 	if (hostfd < 0)
 		goto out;
 	view_sweep(hostfd);
-	snprintf(name, sizeof(name), "view-%d", (int)getpid());
-	view_rm(hostfd, name);	/* this pid's, before an exec */
-	if (mkdirat(hostfd, name, 0700))
+	if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != sizeof(rnd))
+		rnd = (uint32_t)(uintptr_t)&rnd ^ (uint32_t)getpid() * 2654435761u;
+	/* made as new-*, flock'd, then named view-*: a sweep never sees a
+	 * tree before its lock */
+	snprintf(tmp, sizeof(tmp), "new-%d-%08x", (int)getpid(), rnd);
+	snprintf(view_name, sizeof(view_name), "view-%d-%08x", (int)getpid(), rnd);
+	if (mkdirat(hostfd, tmp, 0700))
 		goto out_host;
-	rootfd = openat(hostfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (rootfd < 0)
-		goto out_host;
-	if (view_generate(rootfd)) {
-		close(rootfd);
-		view_rm(hostfd, name);
+	rootfd = openat(hostfd, tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (rootfd < 0 || flock(rootfd, LOCK_SH) ||
+	    renameat(hostfd, tmp, hostfd, view_name)) {
+		view_rm(hostfd, tmp);
 		goto out_host;
 	}
+	if (view_generate(rootfd, verbs))
+		goto out_rm;
+	/* the tree by fd (what its path names can't change under us) */
+	fd = fcntl(rootfd, F_DUPFD_CLOEXEC, VIEW_FD_MIN);
+	if (fd < 0)
+		goto out_rm;
 	close(rootfd);
-	if (strlen(host) + 1 + strlen(name) >= sizeof(view_root)) {
-		view_rm(hostfd, name);
-		goto out_host;
-	}
-	strcpy(view_root, host);
-	strcat(view_root, "/");
-	strcat(view_root, name);
-	view_root_len = strlen(view_root);
+	rootfd = fd;
+	snprintf(view_root, sizeof(view_root), "/proc/self/fd/%d", rootfd);
+	n = readlink(view_root, view_canon, sizeof(view_canon) - 1);
+	view_canon_len = n > 0 ? (size_t)n : 0;
+	view_canon[view_canon_len] = 0;
+	view_fd = rootfd;
+	rootfd = -1;
 	view_pid = getpid();
+	view_root_len = strlen(view_root);
+	goto out_host;
+out_rm:
+	view_rm(hostfd, view_name);
 out_host:
+	if (rootfd >= 0)
+		close(rootfd);
 	close(hostfd);
 out:
 	view_busy--;
@@ -218,10 +261,11 @@ __attribute__((constructor)) static void view_init(void)
 	atexit(view_cleanup);
 }
 
-/* path, or where the view has it (in buf). */
+/* path, or where the view has it (in buf).  errno is kept. */
 static const char *view_map(const char *path, char *buf, size_t len)
 {
 	size_t n;
+	int err;
 
 	if (!path || path[0] != '/' || view_busy)
 		return path;
@@ -233,7 +277,9 @@ static const char *view_map(const char *path, char *buf, size_t len)
 	}
 	return path;
 hit:
+	err = errno;
 	pthread_once(&view_once, view_make);
+	errno = err;
 	if (!view_root_len || view_root_len + strlen(path) + 1 > len)
 		return path;
 	memcpy(buf, view_root, view_root_len);
@@ -345,48 +391,62 @@ VIEW_EXPORT FILE *fopen64(const char *path, const char *mode)
 	return real_fopen64(mp_, mode);
 }
 
-/* ---- stat (the glibc 2.33 functions, and the __xstat ones before) ---- */
+/* ---- stat (the glibc 2.33 functions, and the __xstat ones before) ----
+ *
+ * Before glibc 2.33 libc has no stat, lstat, fstatat: programs call
+ * __xstat & co, whose wrappers below land here; the real call is then the
+ * versioned __xstat one. */
+
+#define XREAL(ret, name, xname, ...)                                          \
+	REAL(ret, name, __VA_ARGS__);                                         \
+	static ret (*x_##name)(int, __VA_ARGS__);                             \
+	if (!real_##name && !x_##name)                                        \
+		x_##name = (ret(*)(int, __VA_ARGS__))dlvsym(RTLD_NEXT, xname, \
+							    "GLIBC_2.2.5")
+#define XCALL(name, ...)                                                      \
+	(real_##name ? real_##name(__VA_ARGS__) :                             \
+	 x_##name ? x_##name(1, __VA_ARGS__) : (errno = ENOSYS, -1))
 
 VIEW_EXPORT int stat(const char *path, struct stat *st)
 {
-	REAL(int, stat, const char *, struct stat *);
+	XREAL(int, stat, "__xstat", const char *, struct stat *);
 	MAP(path);
-	return real_stat(mp_, st);
+	return XCALL(stat, mp_, st);
 }
 
 VIEW_EXPORT int stat64(const char *path, struct stat64 *st)
 {
-	REAL(int, stat64, const char *, struct stat64 *);
+	XREAL(int, stat64, "__xstat64", const char *, struct stat64 *);
 	MAP(path);
-	return real_stat64(mp_, st);
+	return XCALL(stat64, mp_, st);
 }
 
 VIEW_EXPORT int lstat(const char *path, struct stat *st)
 {
-	REAL(int, lstat, const char *, struct stat *);
+	XREAL(int, lstat, "__lxstat", const char *, struct stat *);
 	MAP(path);
-	return real_lstat(mp_, st);
+	return XCALL(lstat, mp_, st);
 }
 
 VIEW_EXPORT int lstat64(const char *path, struct stat64 *st)
 {
-	REAL(int, lstat64, const char *, struct stat64 *);
+	XREAL(int, lstat64, "__lxstat64", const char *, struct stat64 *);
 	MAP(path);
-	return real_lstat64(mp_, st);
+	return XCALL(lstat64, mp_, st);
 }
 
 VIEW_EXPORT int fstatat(int dirfd, const char *path, struct stat *st, int flags)
 {
-	REAL(int, fstatat, int, const char *, struct stat *, int);
+	XREAL(int, fstatat, "__fxstatat", int, const char *, struct stat *, int);
 	MAP(path);
-	return real_fstatat(dirfd, mp_, st, flags);
+	return XCALL(fstatat, dirfd, mp_, st, flags);
 }
 
 VIEW_EXPORT int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags)
 {
-	REAL(int, fstatat64, int, const char *, struct stat64 *, int);
+	XREAL(int, fstatat64, "__fxstatat64", int, const char *, struct stat64 *, int);
 	MAP(path);
-	return real_fstatat64(dirfd, mp_, st, flags);
+	return XCALL(fstatat64, dirfd, mp_, st, flags);
 }
 
 /* (x86-64's struct stat is the kernel's: the version is always 1) */
@@ -488,9 +548,9 @@ VIEW_EXPORT ssize_t readlinkat(int dirfd, const char *path, char *buf, size_t le
 /* The view's path back as the virtual one (a link to /dev/null stays). */
 static void view_unmap(char *p)
 {
-	if (view_root_len && !strncmp(p, view_root, view_root_len) &&
-	    (p[view_root_len] == '/' || !p[view_root_len]))
-		memmove(p, p + view_root_len, strlen(p + view_root_len) + 1);
+	if (view_canon_len && !strncmp(p, view_canon, view_canon_len) &&
+	    (p[view_canon_len] == '/' || !p[view_canon_len]))
+		memmove(p, p + view_canon_len, strlen(p + view_canon_len) + 1);
 }
 
 VIEW_EXPORT char *realpath(const char *path, char *resolved)
@@ -506,6 +566,23 @@ VIEW_EXPORT char *realpath(const char *path, char *resolved)
 
 VIEW_EXPORT char *__realpath_chk(const char *path, char *resolved, size_t len)
 {
-	(void)len;	/* PATH_MAX at least, as fortify checked */
+	if (resolved && len < PATH_MAX)
+		abort();	/* (as glibc's __chk_fail) */
 	return realpath(path, resolved);
+}
+
+VIEW_EXPORT ssize_t __readlink_chk(const char *path, char *buf, size_t len,
+				   size_t buflen)
+{
+	if (len > buflen)
+		abort();
+	return readlink(path, buf, len);
+}
+
+VIEW_EXPORT ssize_t __readlinkat_chk(int dirfd, const char *path, char *buf,
+				     size_t len, size_t buflen)
+{
+	if (len > buflen)
+		abort();
+	return readlinkat(dirfd, path, buf, len);
 }

@@ -52,7 +52,7 @@ static int gen_dir(struct gen *g, const char *rel)
 /* A file rel (its directory made) holding the formatted line. */
 static int gen_file(struct gen *g, const char *rel, const char *fmt, ...)
 {
-	char buf[256], dir[512], *slash;
+	char buf[1024], dir[512], *slash;
 	va_list ap;
 	int fd, n;
 
@@ -98,26 +98,29 @@ static const char *port_state(int s)
 	return s >= 0 && s <= 5 ? n[s] : "NOP";
 }
 
-/* The kernel's rate string from the speed and width codes. */
+/* The kernel's rate string (drivers/infiniband/core/sysfs.c) from the
+ * speed and width codes: per-lane rates in tenths of Gb/s. */
 static void port_rate(const struct ibv_port_attr *pa, char *buf, size_t len)
 {
-	static const struct { int code; double gbps; const char *name; } sp[] = {
-		{ 1, 2.5, "SDR" }, { 2, 5, "DDR" }, { 4, 10, "QDR" },
-		{ 8, 10.3125, "FDR10" }, { 16, 14.0625, "FDR" }, { 32, 25.78125, "EDR" },
-		{ 64, 50, "HDR" }, { 128, 100, "NDR" },
+	static const struct { int code, tenths; const char *name; } sp[] = {
+		{ 1, 25, "" }, { 2, 50, " DDR" }, { 4, 100, " QDR" },
+		{ 8, 100, " FDR10" }, { 16, 140, " FDR" }, { 32, 250, " EDR" },
+		{ 64, 500, " HDR" }, { 128, 1000, " NDR" },
 	};
 	static const int lanes[] = { 0, 1, 4, 0, 8, 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0, 2 };
-	int w = pa->active_width < 17 ? lanes[pa->active_width] : 0;
+	int w = pa->active_width < 17 ? lanes[pa->active_width] : 0, r;
 	size_t i;
 
 	for (i = 0; i < sizeof(sp) / sizeof(*sp); i++)
 		if (sp[i].code == pa->active_speed)
 			break;
 	if (i == sizeof(sp) / sizeof(*sp) || !w) {
-		snprintf(buf, len, "10 Gb/sec (1X QDR)");
+		snprintf(buf, len, "10 Gb/sec (4X)");
 		return;
 	}
-	snprintf(buf, len, "%g Gb/sec (%dX %s)", sp[i].gbps * w, w, sp[i].name);
+	r = sp[i].tenths * w;
+	snprintf(buf, len, "%d%s Gb/sec (%dX%s)", r / 10, r % 10 ? ".5" : "", w,
+		 sp[i].name);
 }
 
 static void guid_str(__be64 guid, char *buf, size_t len)
@@ -255,9 +258,9 @@ out:
 	return ret;
 }
 
-int view_generate(int rootfd)
+int view_generate(int rootfd, const char *verbs)
 {
-	void *lib = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+	void *lib = dlopen(verbs, RTLD_NOW | RTLD_LOCAL);
 	struct gen g = { .root = rootfd };
 	struct ibv_device **list;
 	int n = 0, ret = -1;

@@ -177,11 +177,21 @@ static void view(void *arg)
 		}
 		REQUIRE(waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
 			!WEXITSTATUS(status), "child");
-		snprintf(p, sizeof(p), "%s/view-%d", host, (int)pid);
-		errno = 0;
-		CHECK(stat(p, &st) && errno == ENOENT, "%s stays after its process", p);
-		/* plant a tree for that (dead) pid: the next view sweeps it */
-		snprintf(dead, sizeof(dead), "%s/view-%d", host, (int)pid);
+		{
+			char pre[32];
+			DIR *hd = opendir(host);
+			struct dirent *he;
+			bool left = false;
+
+			REQUIRE(hd, "opendir %s", host);
+			snprintf(pre, sizeof(pre), "view-%d-", (int)pid);
+			while ((he = readdir(hd)))
+				left |= !strncmp(he->d_name, pre, strlen(pre));
+			closedir(hd);
+			CHECK(!left, "the tree of process %d stays after it", (int)pid);
+		}
+		/* plant a tree nobody holds: the next view sweeps it */
+		snprintf(dead, sizeof(dead), "%s/view-%d-deadbeef", host, (int)pid);
 		REQUIRE(!mkdir(dead, 0700), "mkdir %s", dead);
 		pid2 = fork();
 		REQUIRE(pid2 >= 0, "fork");
