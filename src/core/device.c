@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <stdio.h>
@@ -446,12 +447,21 @@ int urdma_num_gids(struct ibv_context *c)
 
 /* ---- async events ----
  *
- * A queue under ev_lock, counted by the eventfd (one count per entry).  An
- * event names its object; as the verbs require, destroying the object
- * drops its events nobody has read (they stay in the queue, dead, so that
- * the counts still match) and waits until those read are acknowledged. */
+ * A queue under ev_lock.  The eventfd is readable exactly while the queue
+ * holds an event: its count is 1 from the push that fills the empty queue
+ * to the take (or drop) that empties it, both under ev_lock, so a read of
+ * it never blocks.  An event names its object; as the verbs require,
+ * destroying the object drops its events nobody has read and waits until
+ * those read are acknowledged. */
 
-#define EV_DEAD ((enum ibv_event_type)-1)
+/* Under ev_lock: the queue was emptied; the eventfd's count goes. */
+static void ev_emptied(struct urdma_context *uctx)
+{
+	uint64_t v;
+
+	if (read(uctx->vctx.context.async_fd, &v, sizeof(v)) != sizeof(v))
+		urdma_err("async event: %m");
+}
 
 /* The object an event names, NULL for a port or device event. */
 static void *ev_obj(const struct ibv_async_event *e)
@@ -547,43 +557,44 @@ void urdma_async_event(struct urdma_context *uctx, struct ibv_async_event *ev)
 		uctx->ev_head = 0;
 	}
 	uctx->events[(uctx->ev_head + uctx->ev_count++) % uctx->ev_cap] = *ev;
-	pthread_mutex_unlock(&uctx->ev_lock);
-	if (write(uctx->vctx.context.async_fd, &one, sizeof(one)) < 0)
+	if (uctx->ev_count == 1 &&
+	    write(uctx->vctx.context.async_fd, &one, sizeof(one)) < 0)
 		urdma_err("async event: %m");
+	pthread_mutex_unlock(&uctx->ev_lock);
 }
 
 int urdma_get_async_event(struct ibv_context *c, struct ibv_async_event *ev)
 {
 	struct urdma_context *uctx = to_uctx(c);
-	uint64_t v;
+	uint32_t *done, *reported;
+	pthread_mutex_t *mu;
+	pthread_cond_t *cond;
+	bool *gone;
 
-	for (;;) {
-		uint32_t *done, *reported;
-		pthread_mutex_t *mu;
-		pthread_cond_t *cond;
-		bool *gone;
+	pthread_mutex_lock(&uctx->ev_lock);
+	while (!uctx->ev_count) {
+		struct pollfd p = { .fd = c->async_fd, .events = POLLIN };
+		int fl = fcntl(c->async_fd, F_GETFL);
 
-		if (read(c->async_fd, &v, sizeof(v)) != sizeof(v))
+		pthread_mutex_unlock(&uctx->ev_lock);
+		/* as a read of the fd would: wait, unless it is O_NONBLOCK */
+		if (fl < 0 || (fl & O_NONBLOCK)) {
+			errno = fl < 0 ? errno : EAGAIN;
+			return -1;
+		}
+		if (poll(&p, 1, -1) < 0 && errno != EINTR)
 			return -1;
 		pthread_mutex_lock(&uctx->ev_lock);
-		if (!uctx->ev_count) {
-			pthread_mutex_unlock(&uctx->ev_lock);
-			errno = EAGAIN;
-			return -1;
-		}
-		*ev = uctx->events[uctx->ev_head];
-		uctx->ev_head = (uctx->ev_head + 1) % uctx->ev_cap;
-		uctx->ev_count--;
-		if (ev->event_type == EV_DEAD) {
-			pthread_mutex_unlock(&uctx->ev_lock);
-			continue;	/* its object went: the next one */
-		}
-		reported = ev_counts(ev, &done, &mu, &cond, &gone);
-		if (reported)
-			++*reported;
-		pthread_mutex_unlock(&uctx->ev_lock);
-		return 0;
 	}
+	*ev = uctx->events[uctx->ev_head];
+	uctx->ev_head = (uctx->ev_head + 1) % uctx->ev_cap;
+	if (!--uctx->ev_count)
+		ev_emptied(uctx);
+	reported = ev_counts(ev, &done, &mu, &cond, &gone);
+	if (reported)
+		++*reported;
+	pthread_mutex_unlock(&uctx->ev_lock);
+	return 0;
 }
 
 void urdma_ack_async_event(struct ibv_async_event *ev)
@@ -602,8 +613,9 @@ void urdma_ack_async_event(struct ibv_async_event *ev)
 }
 
 /* obj (a QP, CQ or SRQ) is being destroyed: it raises no more events
- * (*gone), its events nobody read are dropped; wait until those read
- * (*reported of them) are acknowledged (*done, under mu, on cond). */
+ * (*gone), its events nobody read are taken out of the queue; wait until
+ * those read (*reported of them) are acknowledged (*done, under mu, on
+ * cond). */
 void urdma_async_release(struct urdma_context *uctx, void *obj,
 			 const uint32_t *reported, const uint32_t *done,
 			 pthread_mutex_t *mu, pthread_cond_t *cond, bool *gone)
@@ -612,12 +624,20 @@ void urdma_async_release(struct urdma_context *uctx, void *obj,
 
 	pthread_mutex_lock(&uctx->ev_lock);
 	*gone = true;	/* (what the engine raises from now on is dropped) */
-	for (unsigned int i = 0; i < uctx->ev_count; i++) {
-		struct ibv_async_event *e =
-			&uctx->events[(uctx->ev_head + i) % uctx->ev_cap];
+	if (uctx->ev_count) {
+		unsigned int kept = 0;
 
-		if (e->event_type != EV_DEAD && ev_obj(e) == obj)
-			e->event_type = EV_DEAD;
+		for (unsigned int i = 0; i < uctx->ev_count; i++) {
+			struct ibv_async_event *e =
+				&uctx->events[(uctx->ev_head + i) % uctx->ev_cap];
+
+			if (ev_obj(e) != obj)
+				uctx->events[(uctx->ev_head + kept++) %
+					     uctx->ev_cap] = *e;
+		}
+		uctx->ev_count = kept;
+		if (!kept)
+			ev_emptied(uctx);
 	}
 	want = *reported;
 	pthread_mutex_unlock(&uctx->ev_lock);

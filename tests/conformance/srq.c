@@ -538,6 +538,8 @@ static void destroyed_qp_events(void *arg)
 	qp = srq_qp_to_err(pd, cq, srq);
 	REQUIRE(t_fd_readable(ctx->async_fd, 2000), "no LAST_WQE_REACHED event");
 	REQUIRE(!ibv_destroy_qp(qp), "destroy_qp");
+	CHECK(!t_fd_readable(ctx->async_fd, 0),
+	      "the async fd stays readable for a destroyed QP's event");
 	errno = 0;
 	CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN,
 	      "an event of a destroyed QP was read: %s", ibv_event_type_str(ev.event_type));
@@ -546,6 +548,7 @@ static void destroyed_qp_events(void *arg)
 	qp = srq_qp_to_err(pd, cq, srq);
 	REQUIRE(t_fd_readable(ctx->async_fd, 2000), "no LAST_WQE_REACHED event");
 	REQUIRE(!ibv_get_async_event(ctx, &la.ev), "get_async_event");
+	CHECK(!t_fd_readable(ctx->async_fd, 0), "the async fd readable with nothing queued");
 	CHECK(la.ev.event_type == IBV_EVENT_QP_LAST_WQE_REACHED && la.ev.element.qp == qp,
 	      "event %s", ibv_event_type_str(la.ev.event_type));
 	REQUIRE(!pthread_create(&th, NULL, ack_later, &la), "thread");
