@@ -22,15 +22,21 @@
  * to /dev/null (a character device anyone may open: nothing reads it).
  * Every other path is the real one.  realpath gives the virtual path back.
  *
- * The tree is view-<pid> in the user's host directory (/dev/shm/urdma-<uid>
- * or URDMA_SHM_DIR, which must be ours and writable by nobody else, as
- * libibverbs requires), made with *at calls relative to it, never through
- * a link; it goes when the process exits, and trees of processes that died
- * are swept when another is made.  A child of fork() makes its own.
+ * The tree is view-<pid>-<random> in the user's host directory
+ * (/dev/shm/urdma-<uid> or URDMA_SHM_DIR, which must be ours and writable
+ * by nobody else, as libibverbs requires), made with *at calls relative to
+ * it, never through a link, from the libibverbs next to this library
+ * (urdma's).  Its process holds it flock'd and reaches it through
+ * /proc/self/fd/N (an fd kept at 700 or above), never by its path again.
+ * It goes when the process exits; a tree nobody holds (its process died,
+ * or exec'd) is swept when another is made.  A child of fork() makes its
+ * own.
  *
  * Not covered: statically linked programs, setuid programs (the loader
  * ignores LD_PRELOAD), system calls made without libc (io_uring, raw
- * syscall()), and iproute2's `rdma` tool (it asks the kernel over
+ * syscall()), glibc calls that open directories internally (scandir,
+ * nftw, glob, fts), relative paths under a directory fd of the real
+ * /sys (hwloc's), and iproute2's `rdma` tool (it asks the kernel over
  * netlink).  URDMA_VIEW=0 turns the view off.
  */
 #include <dirent.h>
