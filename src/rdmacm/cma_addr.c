@@ -37,7 +37,7 @@ void sa_to_gid(const struct sockaddr *sa, union ibv_gid *gid)
 	}
 }
 
-static bool sa_is_any(const struct sockaddr *sa)
+bool sa_is_any(const struct sockaddr *sa)
 {
 	if (sa->sa_family == AF_INET)
 		return ((const struct sockaddr_in *)sa)->sin_addr.s_addr ==
@@ -54,18 +54,26 @@ uint16_t sa_port(const struct sockaddr *sa)
 	return 0;
 }
 
-/* The index of gid in the device's table, or 0. */
-uint8_t cma_gid_index(const union ibv_gid *gid)
+/* The index of gid in the device's table, or -1. */
+int cma_gid_find(const union ibv_gid *gid)
 {
 	struct ibv_port_attr pa;
 	union ibv_gid g;
 
 	if (ibv_query_port(cma_ctx, 1, &pa))
-		return 0;
+		return -1;
 	for (int i = 0; i < pa.gid_tbl_len; i++)
 		if (!ibv_query_gid(cma_ctx, 1, i, &g) && !memcmp(&g, gid, 16))
 			return i;
-	return 0;
+	return -1;
+}
+
+/* The index of gid in the device's table, or 0. */
+uint8_t cma_gid_index(const union ibv_gid *gid)
+{
+	int i = cma_gid_find(gid);
+
+	return i < 0 ? 0 : (uint8_t)i;
 }
 
 /* Record the socket's addresses in the route and bind the id to the

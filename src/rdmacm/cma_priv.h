@@ -187,7 +187,9 @@ socklen_t sa_len(const struct sockaddr *sa);
 /* The GID of an address: IPv4-mapped, or the IPv6 address. */
 void sa_to_gid(const struct sockaddr *sa, union ibv_gid *gid);
 uint16_t sa_port(const struct sockaddr *sa);
+bool sa_is_any(const struct sockaddr *sa);
 uint8_t cma_gid_index(const union ibv_gid *gid);
+int cma_gid_find(const union ibv_gid *gid);
 void cma_set_route(struct cma_id *cid, bool peer);
 int cma_socket(struct cma_id *cid, int family);
 int cma_bind_locked(struct cma_id *cid, const struct sockaddr *addr);

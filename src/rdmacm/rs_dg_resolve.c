@@ -20,6 +20,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "rdmacm/cma_priv.h"
 #include "rdmacm/rs_dgram.h"
 
 /* ------------------------------------------------------------------ */
@@ -28,26 +29,40 @@
 
 static const uint8_t v4map[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
 
-/* A socket address as ours; false for another family. */
+/* A socket address as ours (its GID form, the CM's); false for another
+ * family. */
 bool dg_addr_from(struct rs_dg_addr *a, const struct sockaddr *sa)
 {
-	memset(a, 0, sizeof(*a));
-	if (sa->sa_family == AF_INET) {
-		const struct sockaddr_in *s = (const void *)sa;
+	union ibv_gid g;
 
-		memcpy(a->ip, v4map, 12);
-		memcpy(a->ip + 12, &s->sin_addr, 4);
-		a->port = s->sin_port;
-		return true;
-	}
-	if (sa->sa_family == AF_INET6) {
-		const struct sockaddr_in6 *s = (const void *)sa;
+	if (sa->sa_family != AF_INET && sa->sa_family != AF_INET6)
+		return false;
+	sa_to_gid(sa, &g);
+	memcpy(a->ip, g.raw, 16);
+	a->port = sa_port(sa);
+	return true;
+}
 
-		memcpy(a->ip, &s->sin6_addr, 16);
-		a->port = s->sin6_port;
-		return true;
+/* a as a socket address of family (AF_INET: a must be IPv4-mapped). */
+static void dg_sockaddr(const struct rs_dg_addr *a, int family,
+			struct sockaddr_storage *ss, socklen_t *len)
+{
+	memset(ss, 0, sizeof(*ss));
+	if (family == AF_INET) {
+		struct sockaddr_in *s = (void *)ss;
+
+		s->sin_family = AF_INET;
+		s->sin_port = a->port;
+		memcpy(&s->sin_addr, a->ip + 12, 4);
+		*len = sizeof(*s);
+	} else {
+		struct sockaddr_in6 *s = (void *)ss;
+
+		s->sin6_family = AF_INET6;
+		s->sin6_port = a->port;
+		memcpy(&s->sin6_addr, a->ip, 16);
+		*len = sizeof(*s);
 	}
-	return false;
 }
 
 /* Ours as a socket address of the rsocket's family: false if the socket
@@ -58,26 +73,9 @@ bool dg_addr_to(const struct rsocket *rs, const struct rs_dg_addr *a,
 {
 	bool v4 = !memcmp(a->ip, v4map, 12);
 
-	memset(ss, 0, sizeof(*ss));
-	if (rs->domain == AF_INET) {
-		struct sockaddr_in *s = (void *)ss;
-
-		if (!v4)
-			return false;
-		s->sin_family = AF_INET;
-		s->sin_port = a->port;
-		memcpy(&s->sin_addr, a->ip + 12, 4);
-		*len = sizeof(*s);
-	} else {
-		struct sockaddr_in6 *s = (void *)ss;
-
-		if (v4 && rs->v6only)
-			return false;
-		s->sin6_family = AF_INET6;
-		s->sin6_port = a->port;
-		memcpy(&s->sin6_addr, a->ip, 16);
-		*len = sizeof(*s);
-	}
+	if (rs->domain == AF_INET ? !v4 : v4 && rs->v6only)
+		return false;
+	dg_sockaddr(a, rs->domain, ss, len);
 	return true;
 }
 
@@ -86,24 +84,13 @@ bool dg_addr_eq(const struct rs_dg_addr *x, const struct rs_dg_addr *y)
 	return x->port == y->port && !memcmp(x->ip, y->ip, 16);
 }
 
-/* The index of our GID that is IP address ip, or -1. */
-int dg_gid_index(struct ibv_context *ctx, const uint8_t ip[16])
+/* The index of our GID that is IP address ip, or -1 (the CM's lookup). */
+static int dg_gid_index(const uint8_t ip[16])
 {
-	struct ibv_port_attr pa;
 	union ibv_gid g;
 
-	if (ibv_query_port(ctx, 1, &pa))
-		return -1;
-	for (int i = 0; i < pa.gid_tbl_len; i++)
-		if (!ibv_query_gid(ctx, 1, i, &g) && !memcmp(g.raw, ip, 16))
-			return i;
-	return -1;
-}
-
-static bool dg_unspecified(const struct rs_dg_addr *a)
-{
-	return !memcmp(a->ip, in6addr_any.s6_addr, 16) ||
-	       (!memcmp(a->ip, v4map, 12) && !memcmp(a->ip + 12, "\0\0\0\0", 4));
+	memcpy(g.raw, ip, 16);
+	return cma_gid_find(&g);
 }
 
 /* The source GID index for datagrams to a: the socket's own address when
@@ -114,36 +101,21 @@ static int dg_src_gid(struct rsocket *rs, const struct rs_dg_addr *a)
 	struct sockaddr_storage ss;
 	socklen_t len = sizeof(ss);
 	struct rs_dg_addr me;
-	bool v4 = !memcmp(a->ip, v4map, 12);
-	int s, ret = -1;
+	int family = memcmp(a->ip, v4map, 12) ? AF_INET6 : AF_INET, s, ret = -1;
 
 	if (!getsockname(rs->fd, (struct sockaddr *)&ss, &len) &&
-	    dg_addr_from(&me, (struct sockaddr *)&ss) && !dg_unspecified(&me))
-		return dg_gid_index(rs->qp->context, me.ip);
-	memset(&ss, 0, sizeof(ss));
-	if (v4) {
-		struct sockaddr_in *sin = (void *)&ss;
-
-		sin->sin_family = AF_INET;
-		sin->sin_port = a->port;
-		memcpy(&sin->sin_addr, a->ip + 12, 4);
-		len = sizeof(*sin);
-	} else {
-		struct sockaddr_in6 *sin6 = (void *)&ss;
-
-		sin6->sin6_family = AF_INET6;
-		sin6->sin6_port = a->port;
-		memcpy(&sin6->sin6_addr, a->ip, 16);
-		len = sizeof(*sin6);
-	}
-	s = socket(v4 ? AF_INET : AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	    !sa_is_any((struct sockaddr *)&ss) &&
+	    dg_addr_from(&me, (struct sockaddr *)&ss))
+		return dg_gid_index(me.ip);
+	dg_sockaddr(a, family, &ss, &len);
+	s = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	if (s < 0)
 		return -1;
 	if (!connect(s, (struct sockaddr *)&ss, len)) {
 		len = sizeof(ss);
 		if (!getsockname(s, (struct sockaddr *)&ss, &len) &&
 		    dg_addr_from(&me, (struct sockaddr *)&ss))
-			ret = dg_gid_index(rs->qp->context, me.ip);
+			ret = dg_gid_index(me.ip);
 	}
 	close(s);
 	return ret;

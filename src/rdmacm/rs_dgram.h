@@ -113,7 +113,6 @@ bool dg_addr_from(struct rs_dg_addr *a, const struct sockaddr *sa);
 bool dg_addr_to(const struct rsocket *rs, const struct rs_dg_addr *a,
 		struct sockaddr_storage *ss, socklen_t *len);
 bool dg_addr_eq(const struct rs_dg_addr *x, const struct rs_dg_addr *y);
-int dg_gid_index(struct ibv_context *ctx, const uint8_t ip[16]);
 uint32_t dg_random(void);
 struct rs_dest *dg_find(struct rs_dgram *dg, const struct rs_dg_addr *a);
 struct rs_dest *dg_dest(struct rs_dgram *dg, const struct rs_dg_addr *a);
