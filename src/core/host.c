@@ -48,6 +48,7 @@
 
 #include "core/urdma.h"
 #include "util/alloc.h"
+#include "util/host_dir.h"
 #include "util/log.h"
 
 /* Our side of a context: its socket, MR table and connected peers. */
@@ -108,37 +109,20 @@ static void host_atfork_child(void)
  */
 static int host_dir_open(void)
 {
-	const char *env = getenv("URDMA_SHM_DIR");
-	uid_t uid = geteuid();
-	struct stat st;
+	struct stat st = { 0 };
 	int fd;
 
-	if (env && *env)
-		snprintf(urdma_proc.dir, sizeof(urdma_proc.dir), "%s", env);
-	else
-		snprintf(urdma_proc.dir, sizeof(urdma_proc.dir),
-			 "/dev/shm/urdma-%u", (unsigned)uid);
-	if (mkdir(urdma_proc.dir, 0700) && errno != EEXIST) {
-		urdma_warn("can't create %s: %m; shared memory is off",
-			   urdma_proc.dir);
-		return -errno;
-	}
-	fd = open(urdma_proc.dir,
-		  O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0) {
-		urdma_err("can't open %s: %m; shared memory is off",
-			  urdma_proc.dir);
-		return -errno;
-	}
-	if (fstat(fd, &st) || st.st_uid != uid || (st.st_mode & 022)) {
+	urdma_host_dir_path(urdma_proc.dir, sizeof(urdma_proc.dir));
+	fd = urdma_private_dir_open(urdma_proc.dir, &st);
+	if (fd == -EPERM)
 		urdma_err("%s belongs to uid %u with mode %o, not to uid %u "
 			  "alone: shared memory is off (remove it, or set "
 			  "URDMA_SHM_DIR)",
 			  urdma_proc.dir, (unsigned)st.st_uid,
-			  (unsigned)(st.st_mode & 07777), (unsigned)uid);
-		close(fd);
-		return -EPERM;
-	}
+			  (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
+	else if (fd < 0)
+		urdma_err("can't open %s: %s; shared memory is off",
+			  urdma_proc.dir, strerror(-fd));
 	return fd;
 }
 

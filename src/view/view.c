@@ -56,6 +56,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "util/host_dir.h"
 #include "view/view.h"
 
 static const char *const view_prefixes[] = {
@@ -109,29 +110,17 @@ static void view_rm(int dirfd, const char *name)
 	unlinkat(dirfd, name, AT_REMOVEDIR);
 }
 
-/* The host directory, checked as libibverbs checks it: ours, writable by
- * nobody else, not a link.  Its fd, or -1. */
+/* The host directory, checked as libibverbs checks it
+ * (util/host_dir.c).  Its fd, or -1. */
 static int view_host_dir(void)
 {
-	const char *env = getenv("URDMA_SHM_DIR");
 	char path[PATH_MAX];
 	struct stat st;
 	int fd;
 
-	if (env && *env)
-		snprintf(path, sizeof(path), "%s", env);
-	else
-		snprintf(path, sizeof(path), "/dev/shm/urdma-%u", (unsigned)geteuid());
-	if (mkdir(path, 0700) && errno != EEXIST)
-		return -1;
-	fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
-		return -1;
-	if (fstat(fd, &st) || st.st_uid != geteuid() || (st.st_mode & 022)) {
-		close(fd);
-		return -1;
-	}
-	return fd;
+	urdma_host_dir_path(path, sizeof(path));
+	fd = urdma_private_dir_open(path, &st);
+	return fd < 0 ? -1 : fd;
 }
 
 /* Trees nobody holds (their process died, or exec'd): each live tree is
