@@ -68,9 +68,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
 
-say() { printf '%s\n' "$*" >&2; }
-
-is_num() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?$ ]]; }
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$HERE/lib.sh"
 
 # keep VALS FAILS KEY WHAT LOGS: VAL, the measurement just made, joins the
 # values of KEY in the associative array VALS if it is a number; otherwise
@@ -319,12 +318,6 @@ while [ "$REP" -lt "$REPS" ]; do
     DONE_REPS=$REP
 done
 
-median() {  # values... -> median or n/a
-    [ $# -eq 0 ] && { echo n/a; return; }
-    printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END {
-        if (NR % 2) m = v[(NR + 1) / 2]; else m = (v[NR / 2] + v[NR / 2 + 1]) / 2
-        printf "%.3f\n", m }'
-}
 med() {  # KEY
     # shellcheck disable=SC2086  # word splitting of the value list is wanted
     median ${VALS[$1]:-}

@@ -22,7 +22,8 @@ URDMA=$BUILD/bin/urdma
 REPS=${BENCH_MW_REPS:-3}
 WORK=$(mktemp -d /tmp/urdma-bench-mw.XXXXXX)
 PORT=${BENCH_MW_PORT:-18900}
-say() { printf '%s\n' "$*" >&2; }
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$HERE/lib.sh"
 # shellcheck source-path=SCRIPTDIR source=../tests/net/netns.sh
 . "$HERE/../tests/net/netns.sh"
 trap 'rm -rf "$WORK"' EXIT
@@ -50,9 +51,9 @@ else
 fi
 
 declare -A VALS
-keep() { [ -n "$2" ] && VALS[$1]="${VALS[$1]:-} $2"; }
-median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { if (NR) print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2); else print "n/a" }'; }
-med() { local -a a; read -r -a a <<<"${VALS[$1]:-}"; [ "${#a[@]}" -gt 0 ] && median "${a[@]}" || echo n/a; }
+keep() { is_num "$2" && VALS[$1]="${VALS[$1]:-} $2"; }
+# shellcheck disable=SC2086  # word splitting of the value list is wanted
+med() { median ${VALS[$1]:-}; }
 
 # mpi KEY ENV-and-mpirun-args...: latency into KEY.lat, bandwidth into KEY.bw
 mpi() {
