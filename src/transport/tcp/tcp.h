@@ -230,7 +230,7 @@ struct tcp_listener {
 struct tcp_globals {
 	pthread_mutex_t lock;
 	struct tcp_listener *ls[256];
-	struct list_head pending; /* conns being set up */
+	struct list_head pending; /* accepted conns being set up */
 	atomic_bool paused;	  /* listeners not accepting (pending_admit) */
 	_Atomic uint64_t look_ns; /* while paused: pending_admit by then */
 };
