@@ -1128,6 +1128,101 @@ static void reads_child(struct t_peer *p, void *arg)
 	target_close(&t);
 }
 
+/* ---- Reads of every size and atomics, all in flight at once ----
+ * A responder answers the Requests that arrive together together (over
+ * TCP: several responses framed into one write, a large one cut where the
+ * socket is full, rsp_step): each Read must get its own bytes, each
+ * fetch-and-add the value before it, in order. */
+#define NMIXED 32
+static const uint32_t mixed_sizes[] = {0, 1, 7, 64, 4095, 4109, 65537, 1200000};
+#define NMSIZES (sizeof(mixed_sizes) / sizeof(mixed_sizes[0])) /* Read k (WR i - i / 4) is of size k % NMSIZES */
+#define MIXED_SLOT (1200 * 1024) /* each Read's own local and remote slot */
+
+static void inflight_parent(struct t_peer *p, void *arg)
+{
+	struct t_opts o = t_opts_default();
+	struct t_res probe;
+	(void)arg;
+	t_res_open(&probe, NULL);
+	o.max_rd_atomic = (uint8_t)probe.dev_attr.max_qp_init_rd_atom;
+	t_res_close(&probe);
+	o.max_send_wr = 2 * NMIXED;
+	o.cq_size = 2 * NMIXED;
+	struct initiator in;
+	initiator_open(&in, (size_t)NMIXED * MIXED_SLOT + NMIXED * 8, &o);
+	uint64_t *olds = (uint64_t *)(in.buf + (size_t)NMIXED * MIXED_SLOT);
+	t_send_u64(p, o.max_rd_atomic);
+	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	/* Remote slot i holds pattern 700 + i; the counter is after them. */
+	uint64_t counter = in.remote.addr + (uint64_t)NMIXED * MIXED_SLOT;
+	for (int i = 0; i < NMIXED; i++) {
+		int ret;
+		if (i % 4 == 3) {
+			ret = t_post_atomic(in.r.qp, (uint64_t)i, IBV_WR_ATOMIC_FETCH_AND_ADD,
+					    &olds[i], in.mr->lkey, counter, in.remote.rkey, 1, 0);
+		} else {
+			uint32_t len = mixed_sizes[(i - i / 4) % NMSIZES];
+			ret = t_post_send(in.r.qp, (uint64_t)i, IBV_WR_RDMA_READ,
+					  in.buf + (size_t)i * MIXED_SLOT, len, in.mr->lkey,
+					  IBV_SEND_SIGNALED,
+					  in.remote.addr + (uint64_t)i * MIXED_SLOT, in.remote.rkey);
+		}
+		REQUIRE(ret == 0, "post WR #%d: %d", i, ret);
+	}
+	struct ibv_wc wc[NMIXED];
+	int got = t_poll(in.r.send_cq, wc, NMIXED, T_WAIT_MS);
+	CHECK(got == NMIXED, "%d of %d WRs completed (max_rd_atomic %u)", got, NMIXED,
+	      o.max_rd_atomic);
+	uint64_t next_old = 0;
+	for (int i = 0; i < got; i++) {
+		bool atomic = i % 4 == 3;
+		if (!CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)i &&
+				   wc[i].opcode == (atomic ? IBV_WC_FETCH_ADD : IBV_WC_RDMA_READ),
+			   "completion %d: %s wr_id %llu opcode %s", i,
+			   t_wc_status_str(wc[i].status), (unsigned long long)wc[i].wr_id,
+			   t_wc_opcode_str(wc[i].opcode)))
+			continue;
+		if (atomic) {
+			CHECK(olds[i] == next_old, "fetch-and-add %d: old value %llu, not %llu", i,
+			      (unsigned long long)olds[i], (unsigned long long)next_old);
+			next_old++;
+			continue;
+		}
+		uint32_t len = mixed_sizes[(i - i / 4) % NMSIZES];
+		long bad = t_pattern_check(in.buf + (size_t)i * MIXED_SLOT, len, 700u + (unsigned)i);
+		CHECK(bad < 0, "READ %d of %u bytes: data differs at %ld", i, len, bad);
+		CHECK(in.buf[(size_t)i * MIXED_SLOT + len] == 0,
+		      "READ %d of %u bytes wrote past its end", i, len);
+	}
+	t_barrier(p);
+	initiator_close(&in);
+}
+
+static void inflight_child(struct t_peer *p, void *arg)
+{
+	struct t_opts o = t_opts_default();
+	(void)arg;
+	o.max_rd_atomic = (uint8_t)t_recv_u64(p, T_WAIT_MS);
+	struct target t;
+	t_res_open(&t.r, &o);
+	t.len = (size_t)NMIXED * MIXED_SLOT + 8;
+	t.mem = t_alloc(t.len + 2 * GUARD);
+	memset(t.mem, CANARY, t.len + 2 * GUARD);
+	t.region = t.mem + GUARD;
+	for (int i = 0; i < NMIXED; i++)
+		t_pattern_fill(t.region + (size_t)i * MIXED_SLOT, MIXED_SLOT, 700u + (unsigned)i);
+	memset(t.region + (size_t)NMIXED * MIXED_SLOT, 0, 8);
+	t.mr = t_reg(&t.r, t.region, t.len,
+		     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+	t_connect_pair(p, &t.r, t.mr, NULL);
+	t_barrier(p);
+	uint64_t v;
+	memcpy(&v, t.region + (size_t)NMIXED * MIXED_SLOT, 8);
+	CHECK(v == NMIXED / 4, "the counter is %llu after %d fetch-and-adds",
+	      (unsigned long long)v, NMIXED / 4);
+	target_close(&t);
+}
+
 /* ---- More signaled WRs in flight than the CQ has entries ----
  * Nothing in the verbs spec lets a CQ overrun lose a completion silently;
  * urdma never loses one: all 64 WRITE completions arrive, in order, from a
@@ -1280,6 +1375,8 @@ int main(int argc, char **argv)
 	t_pair("fenced_read_after_unsignaled_writes", fence_parent, fence_child, NULL);
 	t_pair("outstanding_reads_depth1", reads_parent, reads_child, (void *)1);
 	t_pair("outstanding_reads_depth16", reads_parent, reads_child, (void *)16);
+	t_pair("reads_of_every_size_and_atomics_in_flight", inflight_parent, inflight_child,
+	       NULL);
 	t_pair("more_wrs_in_flight_than_cqes", small_cq_parent, small_cq_child, NULL);
 	t_pair("both_sides_read_each_other", xread_parent, xread_child, NULL);
 	t_pair("both_sides_read_each_other_progress_thread_sends", xread_parent, xread_child,

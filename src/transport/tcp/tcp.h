@@ -17,7 +17,7 @@
 #define RBUF_SIZE (256 * 1024)
 #define TX_IOV 64
 #define TX_GATHER 4608 /* a write that goes out from one buffer (tx_flat) */
-#define RSP_SEGS 8	     /* FPDUs per non-blocking response write */
+#define RSP_SEGS 16	     /* FPDUs (and responses) per response write */
 #define RSP_TAKE 8	     /* data-less responses sent with a message */
 #define RSP_MAX (1u << 16) /* queued responses before the peer is cut off */
 /* An FPDU at most: MPA length, the largest header, payload, pad, CRC */
@@ -182,6 +182,7 @@ struct tcp_conn {
 	_Atomic uint32_t rsp_n, rsp_data;
 	_Atomic uint64_t rsp_due;
 	uint64_t rx_hold_ns; /* what this receive pass holds answers for */
+	bool rx_answer; /* this pass queued an answer due now (rx_answers) */
 	/* The progress thread watches for room to send them (EPOLLOUT);
 	 * the watch's events change under watch_lock (conn_watch). */
 	_Atomic bool want_out;

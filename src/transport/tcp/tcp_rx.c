@@ -444,8 +444,7 @@ static int rx_read_req(struct tcp_conn *c, const struct iwarp_msg *m,
 				  TERM_HDRCT_D | TERM_HDRCT_R);
 		return RX_ERR;
 	}
-	if (now)
-		rsp_send(c);
+	c->rx_answer |= now;
 	return RX_OK;
 }
 
@@ -501,7 +500,7 @@ static int rx_atomic_req(struct tcp_conn *c, const struct iwarp_msg *m,
 				  TERM_RDMAP_EC_UNSPEC, TERM_HDRCT_D);
 		return RX_ERR;
 	}
-	rsp_send(c);
+	c->rx_answer = true;
 	return RX_OK;
 }
 
@@ -621,6 +620,18 @@ __thread struct tcp_conn *rx_owner;
 
 static void rx_pass(struct tcp_conn *c);
 
+/* Send the answers due now that this pass queued (Read Responses with
+ * data, atomic responses): the Requests that came in one read are
+ * answered together, in as few writes as the socket takes (rsp_step),
+ * not a system call each. */
+static void rx_answers(struct tcp_conn *c)
+{
+	if (c->rx_answer) {
+		c->rx_answer = false;
+		rsp_send(c);
+	}
+}
+
 /* Process what has arrived, holding answers for hold_ns.  Under rx_lock,
  * state C_UP. */
 void rx_locked(struct tcp_conn *c, uint64_t hold_ns)
@@ -630,6 +641,7 @@ void rx_locked(struct tcp_conn *c, uint64_t hold_ns)
 	rx_owner = c;
 	c->rx_hold_ns = hold_ns;
 	rx_pass(c);
+	rx_answers(c);
 	rq_notify(c);
 	rx_owner = outer;
 }
@@ -672,6 +684,7 @@ static void rx_pass(struct tcp_conn *c)
 						    sizeof(struct ddp_tagged_hdr) :
 						    sizeof(struct ddp_untagged_hdr);
 
+				rx_answers(c); /* before the Terminate */
 				rx_fail(c, term, c->rbuf + off + 2,
 					c->rlen - off - 2 >= hl ? hl : 0);
 				return;
@@ -682,6 +695,7 @@ static void rx_pass(struct tcp_conn *c)
 				break;
 			}
 			if (r == RX_ERR) {
+				rx_answers(c);
 				rx_fail(c, term, m.hdr, m.hdr_len);
 				return;
 			}

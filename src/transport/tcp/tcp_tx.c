@@ -308,44 +308,65 @@ static int res_send(struct tcp_conn *c)
 	return 0;
 }
 
-/* Send the cut FPDU's end, then the next FPDUs of the oldest response,
- * as much as the socket takes now; an FPDU it cuts is kept whole in res.
- * Returns 0 (progress), -EAGAIN or an error.  Under tx_lock. */
+/* Send the cut FPDU's end, then the next FPDUs of the oldest responses,
+ * as many as one write holds (RSP_SEGS FPDUs, TX_IOV iovecs) and as much
+ * of it as the socket takes now; an FPDU it cuts is kept whole in res.
+ * Requests that came together are answered in one system call.  Returns
+ * 0 (progress), -EAGAIN or an error.  Under tx_lock. */
 static int rsp_step(struct tcp_conn *c)
 {
 	struct tx_seg seg[RSP_SEGS];
 	struct iovec iov[TX_IOV];
-	int fiov[RSP_SEGS + 1], niov = 0, nseg, done = 0;
-	struct tcp_rsp r;
-	struct urdma_span sp;
-	uint64_t off;
+	struct tcp_rsp r[RSP_SEGS];
+	/* Response i's FPDUs are seg[first[i] .. first[i + 1]); end[i]: its
+	 * last is among them. */
+	int fiov[RSP_SEGS + 1], first[RSP_SEGS + 1], niov = 0, nseg = 0, nr = 0;
+	bool end[RSP_SEGS];
+	int done = 0;
 	ssize_t k;
-	bool end;
 
 	if (c->res_len)
 		return res_send(c);
 	pthread_mutex_lock(&c->rsp_lock);
-	if (c->rsp_head == c->rsp_tail) {
-		pthread_mutex_unlock(&c->rsp_lock);
-		return 0;
-	}
-	r = c->rsp[c->rsp_head & (c->rsp_size - 1)];
+	for (uint32_t i = c->rsp_head; i != c->rsp_tail && nr < RSP_SEGS; i++)
+		r[nr++] = c->rsp[i & (c->rsp_size - 1)];
 	pthread_mutex_unlock(&c->rsp_lock);
-	sp = (struct urdma_span){ .va = r.va, .len = r.len,
-				  .direct = r.direct };
-	off = r.off;
-	nseg = tcp_frame(c, r.hdr, r.hlen, &sp, r.read, r.len, &off, &end, seg,
-		     RSP_SEGS, iov, &niov, fiov);
-	if (nseg < 0) {
-		/* The region was deregistered after the Read was checked. */
-		conn_set_dead(c, "a Read's source region went away");
-		return -EFAULT;
+	if (!nr)
+		return 0;
+	for (int i = 0; i < nr; i++) {
+		struct urdma_span sp = { .va = r[i].va, .len = r[i].len,
+					 .direct = r[i].direct };
+		uint64_t off = r[i].off;
+		int n = nseg < RSP_SEGS && niov < TX_IOV - 8 ?
+				tcp_frame(c, r[i].hdr, r[i].hlen, &sp, r[i].read,
+					  r[i].len, &off, &end[i], seg + nseg,
+					  RSP_SEGS - nseg, iov, &niov,
+					  fiov + nseg) :
+				0;
+
+		if (n < 0 && !i) {
+			/* The region was deregistered after the Read was
+			 * checked. */
+			conn_set_dead(c, "a Read's source region went away");
+			return -EFAULT;
+		}
+		if (n <= 0) { /* no room left: the next write takes it */
+			nr = i;
+			break;
+		}
+		first[i] = nseg;
+		nseg += n;
+		if (!end[i]) { /* the rest of this one next time */
+			nr = i + 1;
+			break;
+		}
 	}
+	first[nr] = nseg;
 	k = tx_some(c, iov, niov, false);
 	if (k < 0)
 		return (int)k;
 	/* Whole FPDUs written, then the one cut, if any, kept in res. */
-	for (off = r.off; done < nseg; done++) {
+	for (; done < nseg; done++) {
 		size_t flen = 0;
 
 		for (int i = fiov[done]; i < fiov[done + 1]; i++)
@@ -367,17 +388,25 @@ static int rsp_step(struct tcp_conn *c)
 		} else {
 			k -= flen;
 		}
-		off += r.len - off > IWARP_SEG_PAYLOAD ? IWARP_SEG_PAYLOAD :
-							r.len - off;
 	}
+	/* Retire the responses whose FPDUs all went; the first one left
+	 * goes on from the end of those of its FPDUs that did. */
 	pthread_mutex_lock(&c->rsp_lock);
-	if (done == nseg && end) {
+	for (int i = 0; i < nr; i++) {
+		uint64_t off = r[i].off;
+
+		for (int j = first[i]; j < first[i + 1] && j < done; j++)
+			off += r[i].len - off > IWARP_SEG_PAYLOAD ?
+				       IWARP_SEG_PAYLOAD :
+				       r[i].len - off;
+		if (done < first[i + 1] || !end[i]) {
+			c->rsp[c->rsp_head & (c->rsp_size - 1)].off = off;
+			break;
+		}
 		c->rsp_head++;
 		atomic_fetch_sub(&c->rsp_n, 1);
-		if (r.read && r.len)
+		if (r[i].read && r[i].len)
 			atomic_fetch_sub(&c->rsp_data, 1);
-	} else {
-		c->rsp[c->rsp_head & (c->rsp_size - 1)].off = off;
 	}
 	pthread_mutex_unlock(&c->rsp_lock);
 	return done ? 0 : -EAGAIN;
