@@ -133,14 +133,23 @@ struct ibv_qp *urdma_qp_create(struct ibv_context *context,
 	if (!cap.max_recv_sge && rq)
 		cap.max_recv_sge = 1;
 
+	/* The device's max_qp, per context, as a NIC's QP table: past it,
+	 * ENOMEM. */
+	if (atomic_fetch_add(&uctx->nqps, 1) >= URDMA_MAX_QP) {
+		atomic_fetch_sub(&uctx->nqps, 1);
+		errno = ENOMEM;
+		return NULL;
+	}
 	qp = urdma_zalloc(sizeof(*qp));
 	if (!qp) {
+		atomic_fetch_sub(&uctx->nqps, 1);
 		errno = ENOMEM;
 		return NULL;
 	}
 	if (tgt || ini) {
 		qp->own_cq = urdma_cq_new(context, 1, NULL, 0);
 		if (!qp->own_cq) {
+			atomic_fetch_sub(&uctx->nqps, 1);
 			urdma_free(qp);
 			return NULL;
 		}
@@ -243,6 +252,7 @@ err_free:
 	if (qp->own_cq)
 		urdma_destroy_cq(&qp->own_cq->ibcq);
 	urdma_free(qp);
+	atomic_fetch_sub(&uctx->nqps, 1);
 	errno = ret;
 	return NULL;
 }
@@ -358,6 +368,7 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	pthread_mutex_lock(&uctx->lock);
 	list_del(&qp->ctx_node);
 	pthread_mutex_unlock(&uctx->lock);
+	atomic_fetch_sub(&uctx->nqps, 1);
 	pthread_mutex_lock(&scq->lock);
 	list_del(&qp->scq_node);
 	pthread_mutex_unlock(&scq->lock);

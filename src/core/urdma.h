@@ -70,6 +70,7 @@ struct urdma_context {
 	pthread_mutex_t lock;
 	struct list_head node; /* in the progress thread's list */
 	struct list_head qps;
+	_Atomic int nqps; /* QPs created and not destroyed: max_qp at most */
 	struct list_head cqs;
 	struct list_head srqs;
 	/* Memory windows' state, innermost of all locks (sq_lock, CQ locks

@@ -122,11 +122,21 @@ static int tcp_connect(struct urdma_qp *qp, const struct ibv_qp_attr *attr)
 	c->sa = sa;
 	if (attr->ah_attr.is_global)
 		memcpy(c->src_gid, sgid, 16);
+	ret = conn_start(c);
+	if (ret == -EMFILE || ret == -ENFILE || ret == -ENOBUFS ||
+	    ret == -ENOMEM) {
+		/* Out of sockets here: the QP stays in INIT, and
+		 * ibv_modify_qp says why (its WRs would only time out). */
+		pthread_mutex_unlock(&T.lock);
+		urdma_warn("qp %#x: no socket for its stream: %s",
+			   qp->ibqp.qp_num, strerror(-ret));
+		conn_release(&c->w); /* not watched: its socket failed */
+		return ret;
+	}
 	/* Not in T.pending, which holds only the passive side's: every
 	 * arrival walks it (pending_admit), and 8,192 active streams in it
 	 * made setting them up quadratic. */
 	qp->tr_priv = c;
-	ret = conn_start(c);
 	pthread_mutex_unlock(&T.lock);
 	if (ret && ret != -ECONNREFUSED)
 		urdma_dbg("qp %#x: connect: %s", qp->ibqp.qp_num, strerror(-ret));

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# qp_scale (tests/scale/qp_scale.c) on urdma:
+#   shm: 16,384 connected RC QPs, each carrying a Write that the target
+#        checks; the same with the process's mappings nearly used up (a QP
+#        takes none); QPs up to max_qp, then ENOMEM.
+#   tcp: 16,384 QPs (a stream and an fd each: fewer if the hard fd limit
+#        is lower); then with the fds nearly used up:
+#        ibv_modify_qp fails with EMFILE, or the Write completes in error,
+#        never a silent success.
+# Usage: scale.sh BUILD_DIR     (exit 0 pass, 1 fail)
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=../compat/common.sh
+. "$HERE/../compat/common.sh"
+compat_init "${1:-}"
+QS=$BUILD/bin/qp_scale
+
+# scale_case NAME TRANSPORT TIMEOUT ARGS...: qp_scale must exit 0.
+scale_case() {
+    local name=$1 tr=$2 t=$3
+    shift 3
+    run_check "$name" "$t" env URDMA_TRANSPORT="$tr" "$URDMA" run "$QS" "$@"
+    if [ "$CHECK_RC" -eq 0 ] && grep -q '^qp_scale' "$CHECK_LOG"; then
+        pass "$name"
+        grep '^qp_scale' "$CHECK_LOG" | sed 's/^/  | /'
+    else
+        fail "$name" "exit status $CHECK_RC"
+        show_log "$CHECK_LOG"
+    fi
+}
+
+scale_case "shm: 16384 QPs" shm 120 16384
+scale_case "shm: 2048 QPs, mappings nearly used up" shm 60 2048 --limit maps
+scale_case "shm: max_qp, then ENOMEM" shm 120 --max
+# The Writes go right after RTS, while the streams still come up (about
+# 3,000 a second here): the retry budget is that of timeout 18 (8.6 s).
+NTCP=16384
+HARD=$(ulimit -Hn)
+if [ "$HARD" != unlimited ] && [ "$HARD" -lt $((NTCP + 1000)) ]; then
+    NTCP=$((HARD > 2000 ? HARD - 1000 : 1000))
+    log "note: hard fd limit $HARD: $NTCP QPs over TCP"
+fi
+QS_TIMEOUT=18 scale_case "tcp: $NTCP QPs" tcp 120 "$NTCP"
+scale_case "tcp: 600 QPs, fds nearly used up" tcp 120 600 --limit fds
+if [ "$CHECK_RC" -eq 0 ] && ! grep -q 'Too many open files' "$CHECK_LOG"; then
+    fail "tcp: fds used up: EMFILE reported" "no EMFILE in the log"
+fi
+
+finish
