@@ -25,7 +25,8 @@
 # TCP sockets; BENCH_CM=0 leaves them out, BENCH_CM_REPS default 5,
 # BENCH_CM_BUDGET seconds default 120, BENCH_CM_CONNS default 200).
 # Then ibv_reg_mr and fork cost next to memcpy (bench_reg below, BENCH_REG=0
-# leaves it out), and the urdma API's echo next to kernel TCP and raw verbs
+# leaves it out), 16,384 QPs on each transport (bench_scale below,
+# BENCH_SCALE=0 leaves it out), and the urdma API's echo next to kernel TCP and raw verbs
 # (bench_api below, BENCH_API=0 leaves it out).  Last, Open MPI and UCX on
 # urdma next to their own shared memory and TCP (bench/middleware.sh,
 # BENCH_MW=0 leaves it out).
@@ -850,7 +851,30 @@ bench_api() {
     } | tee -a "$RESULTS"
 }
 
+# Many QPs (tests/scale/qp_scale.c): BENCH_QPS (default 16384) RC QPs
+# between two processes on each transport, created, connected, a Write each,
+# destroyed; rates and memory per idle QP, as qp_scale prints them.  Over
+# TCP with the timeout attribute 18 (see qp_scale's header).  BENCH_SCALE=0
+# leaves it out.
+bench_scale() {
+    local tr n=${BENCH_QPS:-16384}
+    {
+        echo
+        echo "## Many QPs"
+        echo
+        echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC'), $n RC QPs in one process pair, one run;" \
+             "connect: INIT, RTR, RTS and an 8-byte Write on each, all completed."
+        echo
+        for tr in shm tcp; do
+            echo "$tr:"
+            QS_TIMEOUT=18 URDMA_TRANSPORT=$tr timeout 300 "$URDMA" run "$BUILD/bin/qp_scale" "$n" \
+                2>"$LOGS/qp_scale-$tr.log" | sed 's/^/    /'
+        done
+    } | tee -a "$RESULTS"
+}
+
 [ "${BENCH_REG:-1}" = 1 ] && bench_reg
+[ "${BENCH_SCALE:-1}" = 1 ] && bench_scale
 [ "${BENCH_CM:-1}" = 1 ] && bench_cm
 [ "${BENCH_API:-1}" = 1 ] && bench_api
 [ "${BENCH_MW:-1}" = 1 ] && "$HERE/middleware.sh" "$BUILD" | tee -a "$RESULTS"
