@@ -317,8 +317,12 @@ static void fire_held(struct urdma_qp *qp)
 void urdma_sq_run(struct urdma_qp *qp)
 {
 	bool marked = atomic_load_explicit(&qp->sq_async, memory_order_relaxed);
+	const struct urdma_transport_ops *tr;
 
 	sq_run(qp);
+	tr = qp->tr;
+	if (tr && tr->flush)
+		tr->flush(qp);
 	if (marked)
 		fire_held(qp);
 }

@@ -43,6 +43,10 @@ struct urdma_transport_ops {
 	/* Optional.  ibv_req_notify_cq armed the QP's receive CQ: the
 	 * application may go to sleep.  Under the CQ lock. */
 	void (*armed)(struct urdma_qp *qp);
+	/* Optional.  The engine stops running WRs: what execute held back
+	 * for the WRs it said would follow goes now (TCP: MSG_MORE).  Under
+	 * qp->sq_lock. */
+	void (*flush)(struct urdma_qp *qp);
 	/* Optional.  The application turned to other things: send what was
 	 * held back for its next message on this QP.  Under qp->sq_lock, in
 	 * the application's thread. */

@@ -1087,6 +1087,7 @@ static void reads_parent(struct t_peer *p, void *arg)
 	initiator_open(&in, NREADS * 4096, &o);
 	t_send_u64(p, o.max_rd_atomic); /* the target uses it as max_dest_rd_atomic */
 	t_connect_pair(p, &in.r, in.mr, &in.remote);
+	uint64_t t0 = t_now_ms();
 	for (int i = 0; i < NREADS; i++) {
 		/* READ i fetches remote block (NREADS - 1 - i) */
 		int ret = t_post_send(in.r.qp, (uint64_t)i, IBV_WR_RDMA_READ, in.buf + 4096 * i, 4096,
@@ -1098,6 +1099,12 @@ static void reads_parent(struct t_peer *p, void *arg)
 	int got = t_poll(in.r.send_cq, wc, NREADS, T_WAIT_MS);
 	CHECK(got == NREADS, "%d of %d READs completed (max_rd_atomic %u)", got, NREADS,
 	      o.max_rd_atomic);
+	/* About 15 ms here: each READ that waits for a free slot must go as
+	 * the slot frees, not when a timer finds it (TCP: a Request held
+	 * back for WRs that could not run took 200 ms each, 6.5 s). */
+	uint64_t took = t_now_ms() - t0;
+	CHECK(took < 2000, "%d READs at max_rd_atomic %u took %llu ms", NREADS,
+	      o.max_rd_atomic, (unsigned long long)took);
 	for (int i = 0; i < got; i++) {
 		CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)i &&
 			      wc[i].opcode == IBV_WC_RDMA_READ,

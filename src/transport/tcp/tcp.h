@@ -167,6 +167,10 @@ struct tcp_conn {
 	/* send side, under tx_lock */
 	uint32_t tx_msn[DDP_NUM_QN];
 	struct tx_seg tx_tail; /* an FPDU to send with the next message's end */
+	/* WRs follow this one in the engine's run: its last write goes with
+	 * MSG_MORE (tx_msg), and corked says so until tcp_flush pushes. */
+	bool tx_more;
+	_Atomic bool corked;
 	uint8_t tx_buf[TX_GATHER]; /* a small write, as one buffer (tx_flat) */
 	/* The unsent end of an FPDU that a non-blocking write cut: it goes
 	 * before anything else. */
@@ -344,6 +348,7 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 bool tcp_maintain(struct urdma_qp *qp);
 void tcp_tick(void);
 void tcp_release(struct urdma_qp *qp);
+void tcp_flush(struct urdma_qp *qp);
 extern __thread struct tcp_conn *rx_owner; /* tcp_rx.c */
 
 #endif

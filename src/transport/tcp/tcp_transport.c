@@ -388,6 +388,11 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 		 atomic_compare_exchange_strong(&c->tx_parked, &recv, TXP_NONE);
 	pthread_mutex_lock(&c->tx_lock);
 	conn_sync_timeout(c, qp);
+	/* More WRs to run after this one: TCP holds this one's bytes for
+	 * theirs (MSG_MORE), and the engine's end pushes them (tcp_flush):
+	 * a list of WRs, or the Reads that answers let go, goes out in one
+	 * segment, one wake-up of the peer. */
+	c->tx_more = qp->sq_head + 1 != qp->sq_tail;
 	if (rd) {
 		r = tx_read_atomic(c, qp, w, sp, n);
 	} else {
@@ -395,6 +400,7 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 		if (qp->ibqp.qp_type == IBV_QPT_UC)
 			r = URDMA_TX_DONE; /* sent: UC has no acknowledgements */
 	}
+	c->tx_more = false;
 	tx_unlock(c);
 	if (long_park || answer)
 		tx_unpark(c, long_park);
@@ -560,6 +566,22 @@ static void tcp_recv_posted(struct urdma_qp *qp)
 }
 
 
+/* The engine stops: what MSG_MORE held back goes now.  Setting TCP_NODELAY
+ * (on already) pushes what TCP holds.  sq_lock keeps the connection:
+ * qp_disconnect runs under it. */
+void tcp_flush(struct urdma_qp *qp)
+{
+	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
+
+	if (!c || !atomic_load(&c->corked))
+		return;
+	pthread_mutex_lock(&c->tx_lock);
+	if (atomic_exchange(&c->corked, false))
+		setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &(int){ 1 },
+			   sizeof(int));
+	tx_unlock(c);
+}
+
 /* Answers held back for our next message (a flush's) go now.  sq_lock
  * keeps the connection: qp_disconnect runs under it. */
 void tcp_release(struct urdma_qp *qp)
@@ -582,6 +604,7 @@ const struct urdma_transport_ops urdma_tcp_transport = {
 	.srq_held = tcp_srq_held,
 	.armed = tcp_armed,
 	.release = tcp_release,
+	.flush = tcp_flush,
 	.qpn_reserve = tcp_qpn_reserve,
 	.qpn_bind = tcp_qpn_bind,
 	.qpn_release = tcp_qpn_release,

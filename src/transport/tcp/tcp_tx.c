@@ -628,9 +628,11 @@ int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 						      c->tx_tail.tlen };
 			c->tx_tail.hlen = 0;
 		}
-		ret = tx_all(c, iov, niov, !end);
+		ret = tx_all(c, iov, niov, !end || c->tx_more);
 		niov = 0;
 	}
+	if (!ret && c->tx_more)
+		atomic_store(&c->corked, true);
 	return ret;
 }
 
