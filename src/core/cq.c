@@ -479,7 +479,10 @@ static int cq_take_poller(struct urdma_qp *qp,
 }
 
 /* The CQ's QPs whose transports receive in software (TCP), counted in as
- * pollers.  Under cq->lock.  Returns how many. */
+ * pollers: CQ_POLLERS at most, and the next call starts after them (the
+ * list turns), so that each QP's stream is taken in turn and a CQ of
+ * thousands of QPs costs no walk of them all per poll.  Under cq->lock.
+ * Returns how many. */
 static int cq_take_pollers(struct urdma_cq *cq,
 			   const struct urdma_transport_ops **trs,
 			   struct urdma_qp **qps, bool *xrc)
@@ -488,11 +491,21 @@ static int cq_take_pollers(struct urdma_cq *cq,
 	struct urdma_qp *qp;
 	int n = 0, m;
 
-	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
+	list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
+		if (n == CQ_POLLERS) {
+			list_rotate_to(&cq->recv_qps, &qp->rcq_node);
+			break;
+		}
 		n = cq_take_poller(qp, trs, qps, n);
-	list_for_each_entry(qp, &cq->send_qps, scq_node)
+	}
+	list_for_each_entry(qp, &cq->send_qps, scq_node) {
+		if (n == CQ_POLLERS) {
+			list_rotate_to(&cq->send_qps, &qp->scq_node);
+			break;
+		}
 		if (qp->rcq != cq)
 			n = cq_take_poller(qp, trs, qps, n);
+	}
 	/* The targets that feed the CQ's XRC SRQs: what they receive goes
 	 * to an SRQ, to be drained again (urdma_cq_poll). */
 	m = n;

@@ -34,6 +34,13 @@ static inline void list_del(struct list_head *n)
 	n->next = n->prev = n;
 }
 
+/* Make n the first entry of the list at h (a rotation). */
+static inline void list_rotate_to(struct list_head *h, struct list_head *n)
+{
+	list_del(h);
+	list_add_tail(h, n);
+}
+
 #define list_entry(ptr, type, member)                                          \
 	((type *)((char *)(ptr) - offsetof(type, member)))
 #define list_for_each_entry(pos, head, member)                                 \
