@@ -239,22 +239,20 @@ int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
 	uint32_t poll = qp->rq_poll, limit;
 	int n = 0;
 
-	if (flushed) {
-		limit = prod;
-	} else {
-		if (atomic_load_explicit(&qp->rq_bad, memory_order_relaxed))
-			return 0;
-		limit = atomic_load_explicit(&qp->shm->rq_done,
-					     memory_order_acquire);
-		if (limit - poll > prod - poll) {
-			rq_bad(qp, "a completion index past the receives posted",
-			       limit, prod);
-			return 0;
-		}
-	}
+	if (!flushed &&
+	    atomic_load_explicit(&qp->rq_bad, memory_order_relaxed))
+		return 0;
+	/* Completed entries, in order, among those posted: an entry's tag
+	 * tells (shared.h); flushed, all of them are taken. */
+	limit = prod;
 	while (n < max && poll != limit) {
 		const struct urdma_rq_wr *pw = &qp->rq_wr[poll & (qp->rq.size - 1)];
 		struct ibv_wc *w = &wc[n];
+
+		if (!flushed &&
+		    atomic_load_explicit(&urdma_rq_entry(qp, poll)->tag,
+					 memory_order_acquire) != poll + 1)
+			break;
 
 		memset(w, 0, sizeof(*w));
 		if ((flushed && (int32_t)(poll - qp->rq_flush_from) >= 0) ||
@@ -280,6 +278,15 @@ int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
 	}
 	__atomic_store_n(&qp->rq_poll, poll, __ATOMIC_RELEASE);
 	return n;
+}
+
+/* Entry e, posted as index idx, not published: any tag but idx + 1 (0 is
+ * that at 2^32 - 1), nobody's. */
+void urdma_rqe_unpublished(struct urdma_shm_rqe *e, uint32_t idx)
+{
+	atomic_store_explicit(&e->tag, idx, memory_order_relaxed);
+	e->srq_qpn = 0;
+	e->srq_pid = 0;
 }
 
 /* Write receive WR wr into entry e of a ring (a QP's or an SRQ's) and
@@ -347,6 +354,7 @@ int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 			ret = ENOMEM;
 			break;
 		}
+		urdma_rqe_unpublished(urdma_rq_entry(qp, prod), prod);
 		urdma_rqe_post(urdma_rq_entry(qp, prod),
 			       &qp->rq_wr[prod & (qp->rq.size - 1)], wr);
 		prod++;

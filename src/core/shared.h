@@ -42,7 +42,7 @@
 #include <stdint.h>
 
 #define URDMA_SHM_MAGIC 0x75726d61u /* "urma" */
-#define URDMA_SHM_VERSION 10u
+#define URDMA_SHM_VERSION 11u
 #define URDMA_CACHELINE 64
 
 /* MR table: key = (index << URDMA_MR_TAG_BITS) | random tag.  The index
@@ -136,18 +136,22 @@ struct urdma_shm_sge {
 };
 
 /*
- * Receive queue entry.  The owner fills wr_id/num_sge/sge and publishes by
- * advancing rq_prod.  The deliverer (the peer's requester engine) fills the
- * completion fields and publishes by advancing rq_done.  The owner polls
- * completions up to rq_done and frees slots by advancing its private index.
+ * Receive queue entry.  The owner fills num_sge/sge, sets tag to the
+ * entry's index (urdma_rqe_unpublished) and publishes by advancing rq_prod.
+ * The deliverer (the peer's requester engine) fills the completion fields
+ * and publishes the completion by tag = the entry's index + 1, then
+ * advances rq_done (the deliverers' own mark).  The owner takes entries
+ * in order while their tag says so: the line it reads per message is the
+ * entry's, which the deliverer writes anyway, not a counter both move (as
+ * UCX's FIFO has an owner bit per element).  It frees slots by advancing
+ * its private index and keeps the WR id itself (in private memory).
  */
 struct urdma_shm_rqe {
 	/* In an SRQ's ring (struct urdma_shm_srq), the deliverer that
-	 * claimed the entry writes its pid and the QPN it receives for, and
-	 * publishes the completion by tag = the entry's index + 1.  The
-	 * owner keeps the WR id itself (in private memory). */
+	 * claimed the entry also writes its pid and the QPN it receives
+	 * for. */
 	uint32_t srq_qpn;
-	_Atomic uint32_t srq_tag;
+	_Atomic uint32_t tag;
 	uint32_t num_sge;
 	uint32_t status;   /* enum ibv_wc_status */
 	uint32_t opcode;   /* enum ibv_wc_opcode */

@@ -41,14 +41,6 @@ static struct urdma_shm_rqe *srq_entry(struct urdma_srq *srq, uint32_t idx)
 	return urdma_rqe_at(srq->ring, &srq->rq, idx);
 }
 
-/* Entry e, posted as index idx, not published: any tag but idx + 1 (0 is
- * that at 2^32 - 1), nobody's. */
-static void srq_unpublished(struct urdma_shm_rqe *e, uint32_t idx)
-{
-	atomic_store_explicit(&e->srq_tag, idx, memory_order_relaxed);
-	e->srq_qpn = 0;
-	e->srq_pid = 0;
-}
 
 static void srq_event(struct urdma_srq *srq, enum ibv_event_type type)
 {
@@ -282,7 +274,7 @@ int urdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 			break;
 		}
 		e = srq_entry(srq, srq->prod);
-		srq_unpublished(e, srq->prod);
+		urdma_rqe_unpublished(e, srq->prod);
 		urdma_rqe_post(e, &srq->rq_wr[srq->prod & (srq->rq.size - 1)], wr);
 		srq->prod++;
 		atomic_store_explicit(&s->prod, srq->prod, memory_order_release);
@@ -311,7 +303,7 @@ static void srq_repost(struct urdma_srq *srq, uint32_t idx)
 		memmove(to->sge, from->sge, n * sizeof(to->sge[0]));
 		to->num_sge = n;
 	}
-	srq_unpublished(to, srq->prod);
+	urdma_rqe_unpublished(to, srq->prod);
 	to->status = IBV_WC_SUCCESS;
 	srq->rq_wr[srq->prod & (srq->rq.size - 1)] =
 		srq->rq_wr[idx & (srq->rq.size - 1)];
@@ -411,7 +403,7 @@ void urdma_srq_drain(struct urdma_srq *srq)
 		struct ibv_wc wc = { 0 };
 		struct urdma_qp *qp;
 
-		if (atomic_load_explicit(&e->srq_tag, memory_order_acquire) !=
+		if (atomic_load_explicit(&e->tag, memory_order_acquire) !=
 		    srq->poll + 1) {
 			if (!srq_abandoned(srq))
 				break;

@@ -634,6 +634,7 @@ int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max);
 int urdma_rqe_take(const struct urdma_shm_rqe *e, uint64_t posted_len, bool ud,
 		   struct ibv_wc *w);
 void urdma_qp_recv_posted(struct urdma_qp *qp, bool wake);
+void urdma_rqe_unpublished(struct urdma_shm_rqe *e, uint32_t idx);
 void urdma_rqe_post(struct urdma_shm_rqe *e, struct urdma_rq_wr *pw,
 		    const struct ibv_recv_wr *wr);
 void urdma_rq_invalidate(struct urdma_qp *qp, const struct urdma_rq_wr *pw,

@@ -443,7 +443,7 @@ int urdma_srq_claim(struct urdma_shm_srq *s, uint8_t *ring,
 void urdma_srq_publish(struct urdma_shm_rqe *e, uint32_t idx, uint32_t qpn)
 {
 	e->srq_qpn = qpn;
-	atomic_store_explicit(&e->srq_tag, idx + 1, memory_order_release);
+	atomic_store_explicit(&e->tag, idx + 1, memory_order_release);
 }
 
 bool urdma_rq_notify_claim(_Atomic uint32_t *notify, bool solicited)

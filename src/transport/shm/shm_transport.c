@@ -372,6 +372,7 @@ int urdma_shm_take_ring(struct urdma_shm_dest *d, unsigned flags,
 void urdma_shm_ring_publish(struct urdma_shm_dest *d,
 			    const struct urdma_shm_rcv *r)
 {
+	atomic_store_explicit(&r->e->tag, r->idx + 1, memory_order_release);
 	atomic_store_explicit(&d->qp->rq_done, r->idx + 1, memory_order_release);
 	d->done = r->idx + 1;
 }

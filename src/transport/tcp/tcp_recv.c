@@ -120,9 +120,12 @@ static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
 	c->rx_recvs++;
 	if (srq || xs)
 		urdma_srq_publish(e, c->rcv_idx, c->local_qpn);
-	else
+	else {
+		atomic_store_explicit(&e->tag, c->rcv_idx + 1,
+				      memory_order_release);
 		atomic_store_explicit(&c->qp->shm->rq_done, c->rcv_idx + 1,
 				      memory_order_release);
+	}
 	/* An XRC SRQ completes into its own CQ: its owner's progress thread
 	 * takes it there and fires it, if armed (srq.c). */
 	if (xs && urdma_rq_notify_claim(&xs->notify,
