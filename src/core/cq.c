@@ -434,7 +434,7 @@ int urdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 			tr->armed(qp);
 	}
 	/* Pairs with the fence in the deliverer (responder_notify): armed
-	 * before the caller's next poll reads rq_done. */
+	 * before the caller's next poll reads the entries' tags. */
 	atomic_thread_fence(memory_order_seq_cst);
 	pthread_mutex_unlock(&cq->lock);
 	return 0;

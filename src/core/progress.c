@@ -194,6 +194,9 @@ static void *progress_main(void *arg)
 		uint64_t now, wait = pending ? PENDING_NS : IDLE_NS;
 		uint64_t gap = SWEEP_GAP * (sweep_ns[0] < sweep_ns[1] ?
 						    sweep_ns[0] : sweep_ns[1]);
+
+		if (gap > PENDING_NS) /* a pass that waited for a lock */
+			gap = PENDING_NS;
 		int n;
 
 		if (owed) { /* sleep no longer than the pass put off */
@@ -226,8 +229,9 @@ static void *progress_main(void *arg)
 		 * length after the last, so that it takes at most a fifth of
 		 * this thread however many QPs there are (thousands of TCP
 		 * streams coming up, an event and a kick each, made it
-		 * quadratic).  With few QPs a pass is a microsecond or two:
-		 * it runs at once, as always. */
+		 * quadratic), and no later than PENDING_NS after it.  With few
+		 * QPs a pass is a microsecond or two: it runs at once, as
+		 * always. */
 		owed = true;
 		if (now - last_sweep < gap)
 			continue;

@@ -133,10 +133,13 @@ uint32_t urdma_rq_flush(struct urdma_qp *qp)
 			qp->shm_busy_left = true;
 		}
 		poll = __atomic_load_n(&qp->rq_poll, __ATOMIC_ACQUIRE);
-		from = atomic_load_explicit(&qp->shm->rq_done,
-					    memory_order_acquire);
-		if (atomic_load(&qp->rq_bad) || from - poll > prod - poll)
-			from = poll; /* nothing past what was reported holds */
+		/* The first entry not completed (by its tag, shared.h): the
+		 * flushes start there. */
+		from = poll;
+		while (!atomic_load(&qp->rq_bad) && from != prod &&
+		       atomic_load_explicit(&urdma_rq_entry(qp, from)->tag,
+					    memory_order_acquire) == from + 1)
+			from++;
 		qp->rq_flush_from = from;
 		qp->rq_flush_wait = false;
 		atomic_store_explicit(&qp->rq_flushed, true,
@@ -174,12 +177,15 @@ void urdma_rq_reset(struct urdma_qp *qp)
 uint32_t urdma_rq_ready(struct urdma_qp *qp)
 {
 	uint32_t poll = __atomic_load_n(&qp->rq_poll, __ATOMIC_ACQUIRE);
-	uint32_t prod = atomic_load(&qp->rq_prod);
-	uint32_t done = atomic_load(&qp->rq_flushed) ?
-				prod :
-				atomic_load(&qp->shm->rq_done);
+	uint32_t prod = atomic_load(&qp->rq_prod), i = poll;
 
-	return done - poll <= prod - poll ? done - poll : 0;
+	if (atomic_load(&qp->rq_flushed))
+		return prod - poll;
+	while (i != prod &&
+	       atomic_load_explicit(&urdma_rq_entry(qp, i)->tag,
+				    memory_order_acquire) == i + 1)
+		i++;
+	return i - poll;
 }
 
 /* One completion a deliverer wrote into e, checked: 0, or -1 if it can't
@@ -243,27 +249,26 @@ int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
 	    atomic_load_explicit(&qp->rq_bad, memory_order_relaxed))
 		return 0;
 	/* Completed entries, in order, among those posted: an entry's tag
-	 * tells (shared.h); flushed, all of them are taken. */
+	 * tells (shared.h).  Flushed, every posted entry is taken: those
+	 * not completed as flushed. */
 	limit = prod;
 	while (n < max && poll != limit) {
 		const struct urdma_rq_wr *pw = &qp->rq_wr[poll & (qp->rq.size - 1)];
 		struct ibv_wc *w = &wc[n];
+		bool done = atomic_load_explicit(&urdma_rq_entry(qp, poll)->tag,
+						 memory_order_acquire) == poll + 1;
 
-		if (!flushed &&
-		    atomic_load_explicit(&urdma_rq_entry(qp, poll)->tag,
-					 memory_order_acquire) != poll + 1)
+		if (!flushed && !done)
 			break;
-
 		memset(w, 0, sizeof(*w));
-		if ((flushed && (int32_t)(poll - qp->rq_flush_from) >= 0) ||
-		    urdma_rqe_take(urdma_rq_entry(qp, poll), pw->len,
-				   qp->ibqp.qp_type == IBV_QPT_UD, w)) {
+		if (!done || urdma_rqe_take(urdma_rq_entry(qp, poll), pw->len,
+					    qp->ibqp.qp_type == IBV_QPT_UD, w)) {
 			if (!flushed) {
 				rq_bad(qp, "a completion that can't be, at",
 				       poll, prod);
 				break;
 			}
-			/* Before the flush, but not believable: flushed. */
+			/* Not completed, or not believable: flushed. */
 			w->status = IBV_WC_WR_FLUSH_ERR;
 			w->opcode = IBV_WC_RECV;
 			w->byte_len = 0;

@@ -330,6 +330,34 @@ static void done_forward(struct t_peer *p, void *arg)
 	scene_close(p, &s);
 }
 
+/* rq_done moved back onto a receive the owner already took (and has not
+ * posted again): a sender that trusted it would copy through that slot's
+ * old SGEs into memory no longer lent to the queue, and its Send would
+ * complete with no completion at the receiver.  The slot's tag says it is
+ * not posted: the Send fails and the victim goes to ERR, as for a request
+ * it cannot take (QP_ACCESS_ERR).  Over TCP (arg) the victim's own receive
+ * path finds it: QP_FATAL. */
+static void done_backward(struct t_peer *p, void *arg)
+{
+	enum ibv_event_type want = arg ? IBV_EVENT_QP_FATAL : IBV_EVENT_QP_ACCESS_ERR;
+	struct scene s;
+	int ok, bad, fl;
+
+	if (scene_open(p, &s, NRECV, 2, false)) {
+		count_recvs(&s.v, 2, &ok, &bad, &fl);
+		CHECK(ok == 2, "the first messages arrived (%d)", ok);
+		atomic_fetch_sub(&s.q->rq_done, 2);
+		CHECK(send_some(p, 1) == 0, "a Send into a receive already taken");
+		count_recvs(&s.v, NRECV - 2, &ok, &bad, &fl);
+		CHECK(ok == 0 && bad == 0 && fl == NRECV - 2,
+		      "after the scribble: %d ok, %d errors, %d flushed (want 0, 0, %d)", ok,
+		      bad, fl, NRECV - 2);
+		CHECK(wait_qp_event(&s.v, WAIT_MS) == (int)want, "%s",
+		      ibv_event_type_str(want));
+	}
+	scene_close(p, &s);
+}
+
 /* rq_done past rq_prod: once that made ibv_post_recv fail with ENOMEM for
  * ever.  The owner does not read it: receives are posted and taken as
  * before once the deliverer's mark is put back. */
@@ -1029,6 +1057,11 @@ int main(int argc, char **argv)
 	t_init(argc, argv);
 	t_set_case_timeout(40);
 	t_pair("done_forward", done_forward, sender, NULL);
+	t_pair("done_backward", done_backward, sender, NULL);
+	/* The same over TCP: the victim's receive path reads rq_done. */
+	setenv("URDMA_TRANSPORT", "tcp", 1);
+	t_pair("done_backward_tcp", done_backward, sender, (void *)1);
+	setenv("URDMA_TRANSPORT", "shm", 1);
 	t_pair("done_past_prod", done_past_prod, sender, NULL);
 	t_pair("geometry_after_connect", geometry_after_connect, sender, NULL);
 	t_pair("geometry_before_connect", geometry_before_connect, sender, NULL);

@@ -366,6 +366,13 @@ int urdma_shm_take_ring(struct urdma_shm_dest *d, unsigned flags,
 	}
 	*r = (struct urdma_shm_rcv){ urdma_rqe_at(d->ring, &d->rq, done), done,
 				     READ_ONCE(t->pd_id), d->rq.max_sge };
+	/* Posted and not completed: its tag is its index (shared.h).  An
+	 * rq_done moved by someone onto a slot not lent to us is refused. */
+	if (atomic_load_explicit(&r->e->tag, memory_order_acquire) != done) {
+		urdma_warn("the receive queue of QP %#x is corrupt (entry %u "
+			   "not posted)", READ_ONCE(t->qpn), done);
+		return -1;
+	}
 	return 0;
 }
 

@@ -88,6 +88,17 @@ static int rcv_claim(struct tcp_conn *c, uint32_t ulp, uint32_t *term)
 						 memory_order_acquire))
 			return RX_STALL;
 		c->rcv_e = urdma_rq_entry(qp, done);
+		/* Posted and not completed: its tag is its index (shared.h).
+		 * rq_done is in shared memory: another process may have
+		 * moved it onto a slot not lent to us. */
+		if (atomic_load_explicit(&c->rcv_e->tag, memory_order_acquire) !=
+		    done) {
+			urdma_warn("qp %#x: its receive queue is corrupt (entry "
+				   "%u not posted)", qp->ibqp.qp_num, done);
+			atomic_store(&qp->rq_bad, true);
+			urdma_progress_kick();
+			return RX_STALL;
+		}
 	}
 	c->rcv_srq = srq;
 	c->rcv_xsrq = NULL;

@@ -124,7 +124,7 @@ static int tcp_connect(struct urdma_qp *qp, const struct ibv_qp_attr *attr)
 		memcpy(c->src_gid, sgid, 16);
 	ret = conn_start(c);
 	if (ret == -EMFILE || ret == -ENFILE || ret == -ENOBUFS ||
-	    ret == -ENOMEM) {
+	    ret == -ENOMEM || ret == -ENOSPC) { /* ENOSPC: epoll's watches */
 		/* Out of sockets here: the QP stays in INIT, and
 		 * ibv_modify_qp says why (its WRs would only time out). */
 		pthread_mutex_unlock(&T.lock);

@@ -631,8 +631,8 @@ int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		ret = tx_all(c, iov, niov, !end || c->tx_more);
 		niov = 0;
 	}
-	if (!ret && c->tx_more)
-		atomic_store(&c->corked, true);
+	if (!ret) /* a write without MSG_MORE pushed what TCP held */
+		atomic_store(&c->corked, c->tx_more);
 	return ret;
 }
 
