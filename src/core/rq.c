@@ -236,6 +236,23 @@ void urdma_rq_invalidate(struct urdma_qp *qp, const struct urdma_rq_wr *pw,
 	}
 }
 
+/* A completed Send whose payload the deliverer left in the entry
+ * (URDMA_RQE_INLINE): copy it into the first buffer we posted, by what we
+ * keep of it.  -1 if it can't be. */
+static int rqe_inline(const struct urdma_qp *qp, const struct urdma_shm_rqe *e,
+		      const struct urdma_rq_wr *pw, const struct ibv_wc *w)
+{
+	uint32_t n = READ_ONCE(e->inline_len);
+
+	if (!n)
+		return 0;
+	if (n != w->byte_len || n > URDMA_RQE_INLINE || n > pw->len0 ||
+	    w->opcode != IBV_WC_RECV || qp->ibqp.qp_type == IBV_QPT_UD)
+		return -1;
+	memcpy((void *)(uintptr_t)pw->addr0, e->sge, n);
+	return 0;
+}
+
 int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
 {
 	bool flushed = atomic_load_explicit(&qp->rq_flushed,
@@ -261,8 +278,10 @@ int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
 		if (!flushed && !done)
 			break;
 		memset(w, 0, sizeof(*w));
-		if (!done || urdma_rqe_take(urdma_rq_entry(qp, poll), pw->len,
-					    qp->ibqp.qp_type == IBV_QPT_UD, w)) {
+		if (!done ||
+		    urdma_rqe_take(urdma_rq_entry(qp, poll), pw->len,
+				   qp->ibqp.qp_type == IBV_QPT_UD, w) ||
+		    rqe_inline(qp, urdma_rq_entry(qp, poll), pw, w)) {
 			if (!flushed) {
 				rq_bad(qp, "a completion that can't be, at",
 				       poll, prod);
@@ -292,6 +311,7 @@ void urdma_rqe_unpublished(struct urdma_shm_rqe *e, uint32_t idx)
 	atomic_store_explicit(&e->tag, idx, memory_order_relaxed);
 	e->srq_qpn = 0;
 	e->srq_pid = 0;
+	e->inline_len = 0;
 }
 
 /* Write receive WR wr into entry e of a ring (a QP's or an SRQ's) and
@@ -310,6 +330,10 @@ void urdma_rqe_post(struct urdma_shm_rqe *e, struct urdma_rq_wr *pw,
 	}
 	e->status = IBV_WC_SUCCESS;
 	*pw = (struct urdma_rq_wr){ .wr_id = wr->wr_id, .len = len };
+	if (wr->num_sge) {
+		pw->addr0 = wr->sg_list[0].addr;
+		pw->len0 = wr->sg_list[0].length;
+	}
 }
 
 /* Receives were posted for qp (to its ring or its SRQ): its transport

@@ -42,7 +42,7 @@
 #include <stdint.h>
 
 #define URDMA_SHM_MAGIC 0x75726d61u /* "urma" */
-#define URDMA_SHM_VERSION 11u
+#define URDMA_SHM_VERSION 12u
 #define URDMA_CACHELINE 64
 
 /* MR table: key = (index << URDMA_MR_TAG_BITS) | random tag.  The index
@@ -163,9 +163,16 @@ struct urdma_shm_rqe {
 	/* A UD receive: the sender's LID, SL and whether a GRH was written
 	 * into the buffer's first 40 bytes (URDMA_RQE_UD_*). */
 	uint32_t ud_src;
-	uint32_t reserved;
+	/* A Send of at most URDMA_RQE_INLINE bytes into a QP's own ring
+	 * (not an SRQ's, not UD): its length, the payload in sge[0]'s place,
+	 * for the owner to copy into the first buffer it posted.  The
+	 * deliverer then writes one line per message, not two (UCX's FIFO
+	 * carries a small payload in its element the same way).  0 when
+	 * posted. */
+	uint32_t inline_len;
 	struct urdma_shm_sge sge[];
 };
+#define URDMA_RQE_INLINE 16 /* sizeof(struct urdma_shm_sge) */
 static_assert(sizeof(struct urdma_shm_rqe) == 48, "rqe header");
 #define URDMA_RQE_UD_SL_SHIFT 16
 #define URDMA_RQE_UD_GRH (1u << 20)

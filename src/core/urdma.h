@@ -249,6 +249,9 @@ struct urdma_shm_dest {
 struct urdma_rq_wr {
 	uint64_t wr_id;
 	uint64_t len;
+	/* The first SGE, where an inline payload goes (URDMA_RQE_INLINE). */
+	uint64_t addr0;
+	uint32_t len0;
 	/* A Send with Invalidate that our own receive path (TCP) placed
 	 * and invalidated already; never read from the shared ring, where
 	 * a peer could claim it to keep its window alive. */

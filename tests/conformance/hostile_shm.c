@@ -446,6 +446,29 @@ static void bogus_completion(struct t_peer *p, void *arg)
 	scene_close(p, &s);
 }
 
+/* A completion claiming its payload is in the entry (inline_len) with a
+ * length that does not match it: not reported, nothing copied into the
+ * receive buffer past what it claims; the QP goes to ERR. */
+static void bogus_inline(struct t_peer *p, void *arg)
+{
+	struct scene s;
+	int ok, bad, fl;
+
+	if (scene_open(p, &s, 2, 0, false)) {
+		struct urdma_shm_rqe *e = ring_entry(s.q, 0);
+
+		e->status = IBV_WC_SUCCESS;
+		e->opcode = IBV_WC_RECV;
+		e->byte_len = 8;
+		e->inline_len = 64; /* more than an entry holds */
+		atomic_store(&e->tag, 1);
+		count_recvs(&s.v, 2, &ok, &bad, &fl);
+		CHECK(ok == 0 && fl == 2, "%d ok, %d errors, %d flushed", ok, bad, fl);
+		CHECK(wait_qp_event(&s.v, WAIT_MS) == IBV_EVENT_QP_FATAL, "QP_FATAL");
+	}
+	scene_close(p, &s);
+}
+
 /* Receive WRs rewritten under the sender: a huge SGE count, bad keys.  The
  * sender uses at most the SGEs the QP has and checks every key: the
  * receive fails (LOC_PROT_ERR), nothing lands outside the buffer. */
@@ -1066,6 +1089,7 @@ int main(int argc, char **argv)
 	t_pair("geometry_after_connect", geometry_after_connect, sender, NULL);
 	t_pair("geometry_before_connect", geometry_before_connect, sender, NULL);
 	t_pair("bogus_completion", bogus_completion, sender, NULL);
+	t_pair("bogus_inline", bogus_inline, sender, NULL);
 	t_pair("entry_scribble", entry_scribble, sender, NULL);
 	t_pair("busy_forever", busy_forever, sender, NULL);
 	t_pair("direct_atomic_lock", lock_taker, lock_owner, NULL);

@@ -418,6 +418,36 @@ static enum urdma_tx uc_drop(struct urdma_qp *qp, const struct urdma_swqe *w,
 	return URDMA_TX_DONE;
 }
 
+/* A small Send's payload, from our spans, into the entry in sge[0]'s
+ * place (URDMA_RQE_INLINE).  False if a piece is not ours to read. */
+static bool inline_put(struct urdma_shm_rqe *e, const struct urdma_span *sp,
+		       int n, uint32_t len)
+{
+	uint8_t buf[URDMA_RQE_INLINE];
+	uint32_t got = 0;
+
+	for (int i = 0; i < n && got < len; i++) {
+		for (uint64_t off = 0; off < sp[i].len && got < len;) {
+			uint64_t avail, k;
+			uint8_t *p = urdma_span_ptr(&sp[i], off, &avail);
+
+			if (!p)
+				return false;
+			k = len - got < avail ? len - got : avail;
+			if (k > sp[i].len - off)
+				k = sp[i].len - off;
+			memcpy(buf + got, p, k);
+			got += k;
+			off += k;
+		}
+	}
+	if (got != len)
+		return false;
+	memcpy(e->sge, buf, len);
+	e->inline_len = len;
+	return true;
+}
+
 /*
  * SEND, SEND_WITH_IMM, SEND_WITH_INV and RDMA_WRITE_WITH_IMM: consume the
  * responder's next receive WR, of its ring or its SRQ.  For the write,
@@ -494,9 +524,14 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 		rx_status = uc ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_LOC_LEN_ERR;
 		*status = IBV_WC_REM_INV_REQ_ERR;
 	}
-	if (rx_status == IBV_WC_SUCCESS &&
-	    urdma_copy_spans(rpeer(qp), dst, nd, NULL, local, nl,
-			     w->byte_len)) {
+	if (rx_status == IBV_WC_SUCCESS && !is_write && !qp->dst.srq &&
+	    w->byte_len && w->byte_len <= URDMA_RQE_INLINE &&
+	    READ_ONCE(e->sge[0].length) >= w->byte_len &&
+	    inline_put(e, local, nl, w->byte_len)) {
+		/* In the entry, for the owner to copy (shared.h). */
+	} else if (rx_status == IBV_WC_SUCCESS &&
+		   urdma_copy_spans(rpeer(qp), dst, nd, NULL, local, nl,
+				    w->byte_len)) {
 		/* Our own pages vanished: a local protection error. */
 		rx_status = IBV_WC_WR_FLUSH_ERR;
 		*status = IBV_WC_LOC_PROT_ERR;
