@@ -149,9 +149,8 @@ struct ibv_qp *urdma_qp_create(struct ibv_context *context,
 	if (tgt || ini) {
 		qp->own_cq = urdma_cq_new(context, 1, NULL, 0);
 		if (!qp->own_cq) {
-			atomic_fetch_sub(&uctx->nqps, 1);
-			urdma_free(qp);
-			return NULL;
+			ret = errno;
+			goto err_free;
 		}
 	}
 	scq = app_scq ? to_ucq(app_scq) : qp->own_cq;

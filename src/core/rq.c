@@ -107,6 +107,15 @@ static void rq_bad(struct urdma_qp *qp, const char *what, uint32_t a,
 	urdma_progress_kick();
 }
 
+/* The first entry from `from` on, before prod, that is not completed. */
+static uint32_t rq_first_open(struct urdma_qp *qp, uint32_t from,
+			      uint32_t prod)
+{
+	while (from != prod && urdma_rqe_done(urdma_rq_entry(qp, from), from))
+		from++;
+	return from;
+}
+
 /*
  * The QP is in ERR: every receive WR not completed yet completes with
  * FLUSH_ERR (harvested from rq_wr, not from the ring).  Returns how many
@@ -133,13 +142,9 @@ uint32_t urdma_rq_flush(struct urdma_qp *qp)
 			qp->shm_busy_left = true;
 		}
 		poll = __atomic_load_n(&qp->rq_poll, __ATOMIC_ACQUIRE);
-		/* The first entry not completed (by its tag, shared.h): the
-		 * flushes start there. */
-		from = poll;
-		while (!atomic_load(&qp->rq_bad) && from != prod &&
-		       atomic_load_explicit(&urdma_rq_entry(qp, from)->tag,
-					    memory_order_acquire) == from + 1)
-			from++;
+		/* The flushes start at the first entry not completed. */
+		from = atomic_load(&qp->rq_bad) ? poll :
+						  rq_first_open(qp, poll, prod);
 		qp->rq_flush_from = from;
 		qp->rq_flush_wait = false;
 		atomic_store_explicit(&qp->rq_flushed, true,
@@ -177,15 +182,11 @@ void urdma_rq_reset(struct urdma_qp *qp)
 uint32_t urdma_rq_ready(struct urdma_qp *qp)
 {
 	uint32_t poll = __atomic_load_n(&qp->rq_poll, __ATOMIC_ACQUIRE);
-	uint32_t prod = atomic_load(&qp->rq_prod), i = poll;
+	uint32_t prod = atomic_load(&qp->rq_prod);
 
 	if (atomic_load(&qp->rq_flushed))
 		return prod - poll;
-	while (i != prod &&
-	       atomic_load_explicit(&urdma_rq_entry(qp, i)->tag,
-				    memory_order_acquire) == i + 1)
-		i++;
-	return i - poll;
+	return rq_first_open(qp, poll, prod) - poll;
 }
 
 /* One completion a deliverer wrote into e, checked: 0, or -1 if it can't
@@ -272,8 +273,7 @@ int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
 	while (n < max && poll != limit) {
 		const struct urdma_rq_wr *pw = &qp->rq_wr[poll & (qp->rq.size - 1)];
 		struct ibv_wc *w = &wc[n];
-		bool done = atomic_load_explicit(&urdma_rq_entry(qp, poll)->tag,
-						 memory_order_acquire) == poll + 1;
+		bool done = urdma_rqe_done(urdma_rq_entry(qp, poll), poll);
 
 		if (!flushed && !done)
 			break;
@@ -314,13 +314,15 @@ void urdma_rqe_unpublished(struct urdma_shm_rqe *e, uint32_t idx)
 	e->inline_len = 0;
 }
 
-/* Write receive WR wr into entry e of a ring (a QP's or an SRQ's) and
- * what only we keep of it into *pw (its id, its length). */
-void urdma_rqe_post(struct urdma_shm_rqe *e, struct urdma_rq_wr *pw,
-		    const struct ibv_recv_wr *wr)
+/* Write receive WR wr into entry e, of index idx, of a ring (a QP's or an
+ * SRQ's), not published, and what only we keep of it into *pw (its id,
+ * its length, its first buffer). */
+void urdma_rqe_post(struct urdma_shm_rqe *e, uint32_t idx,
+		    struct urdma_rq_wr *pw, const struct ibv_recv_wr *wr)
 {
 	uint64_t len = 0;
 
+	urdma_rqe_unpublished(e, idx);
 	e->num_sge = wr->num_sge;
 	for (int i = 0; i < wr->num_sge; i++) {
 		e->sge[i].addr = wr->sg_list[i].addr;
@@ -383,8 +385,7 @@ int urdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 			ret = ENOMEM;
 			break;
 		}
-		urdma_rqe_unpublished(urdma_rq_entry(qp, prod), prod);
-		urdma_rqe_post(urdma_rq_entry(qp, prod),
+		urdma_rqe_post(urdma_rq_entry(qp, prod), prod,
 			       &qp->rq_wr[prod & (qp->rq.size - 1)], wr);
 		prod++;
 		atomic_store_explicit(&qp->rq_prod, prod, memory_order_release);

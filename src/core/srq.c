@@ -274,8 +274,8 @@ int urdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 			break;
 		}
 		e = srq_entry(srq, srq->prod);
-		urdma_rqe_unpublished(e, srq->prod);
-		urdma_rqe_post(e, &srq->rq_wr[srq->prod & (srq->rq.size - 1)], wr);
+		urdma_rqe_post(e, srq->prod,
+			       &srq->rq_wr[srq->prod & (srq->rq.size - 1)], wr);
 		srq->prod++;
 		atomic_store_explicit(&s->prod, srq->prod, memory_order_release);
 	}
@@ -403,8 +403,7 @@ void urdma_srq_drain(struct urdma_srq *srq)
 		struct ibv_wc wc = { 0 };
 		struct urdma_qp *qp;
 
-		if (atomic_load_explicit(&e->tag, memory_order_acquire) !=
-		    srq->poll + 1) {
+		if (!urdma_rqe_done(e, srq->poll)) {
 			if (!srq_abandoned(srq))
 				break;
 			srq_repost(srq, srq->poll++);

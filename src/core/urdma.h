@@ -638,8 +638,8 @@ int urdma_rqe_take(const struct urdma_shm_rqe *e, uint64_t posted_len, bool ud,
 		   struct ibv_wc *w);
 void urdma_qp_recv_posted(struct urdma_qp *qp, bool wake);
 void urdma_rqe_unpublished(struct urdma_shm_rqe *e, uint32_t idx);
-void urdma_rqe_post(struct urdma_shm_rqe *e, struct urdma_rq_wr *pw,
-		    const struct ibv_recv_wr *wr);
+void urdma_rqe_post(struct urdma_shm_rqe *e, uint32_t idx,
+		    struct urdma_rq_wr *pw, const struct ibv_recv_wr *wr);
 void urdma_rq_invalidate(struct urdma_qp *qp, const struct urdma_rq_wr *pw,
 			 struct ibv_wc *w);
 /* xrc.c */
@@ -710,6 +710,19 @@ static inline struct urdma_shm_rqe *urdma_rq_entry(struct urdma_qp *qp,
 						   uint32_t idx)
 {
 	return urdma_rqe_at(qp->rq_ring, &qp->rq, idx);
+}
+
+/* Entry e, of index idx, as its tag tells (shared.h): posted and not yet
+ * completed, or completed. */
+static inline bool urdma_rqe_posted(const struct urdma_shm_rqe *e,
+				    uint32_t idx)
+{
+	return atomic_load_explicit(&e->tag, memory_order_acquire) == idx;
+}
+
+static inline bool urdma_rqe_done(const struct urdma_shm_rqe *e, uint32_t idx)
+{
+	return atomic_load_explicit(&e->tag, memory_order_acquire) == idx + 1;
 }
 
 /* progress.c */

@@ -446,6 +446,13 @@ void urdma_srq_publish(struct urdma_shm_rqe *e, uint32_t idx, uint32_t qpn)
 	atomic_store_explicit(&e->tag, idx + 1, memory_order_release);
 }
 
+void urdma_ring_publish(struct urdma_shm_qp *q, struct urdma_shm_rqe *e,
+			uint32_t idx)
+{
+	atomic_store_explicit(&e->tag, idx + 1, memory_order_release);
+	atomic_store_explicit(&q->rq_done, idx + 1, memory_order_release);
+}
+
 bool urdma_rq_notify_claim(_Atomic uint32_t *notify, bool solicited)
 {
 	uint32_t n;

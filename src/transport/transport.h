@@ -155,6 +155,10 @@ int urdma_srq_claim(struct urdma_shm_srq *s, uint8_t *ring,
 		    const struct urdma_rq_geo *g, uint32_t *idx, bool *wake);
 /* Publish claimed entry idx, its completion written, for QP qpn. */
 void urdma_srq_publish(struct urdma_shm_rqe *e, uint32_t idx, uint32_t qpn);
+/* Publish entry idx of the receive ring of q, its completion written: by
+ * its tag, then rq_done (shared.h). */
+void urdma_ring_publish(struct urdma_shm_qp *q, struct urdma_shm_rqe *e,
+			uint32_t idx);
 /* A receive of t completed: true if it fires the armed recv CQ of t's
  * owner (the arm is consumed). */
 bool urdma_rq_notify_claim(_Atomic uint32_t *notify, bool solicited);

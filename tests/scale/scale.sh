@@ -31,6 +31,11 @@ scale_case() {
 
 scale_case "shm: 16384 QPs" shm 120 16384
 scale_case "shm: 2048 QPs, mappings nearly used up" shm 60 2048 --limit maps
+# A QP takes no mapping (its blocks are in the identity memfd): all of them
+# must connect and write, not only fail cleanly.
+if [ "$(grep -c ' 2048 connected .* 2048 written, 0 failed' "$CHECK_LOG")" != 2 ]; then
+    fail "shm: every QP connected with the mappings nearly used up" "see above"
+fi
 scale_case "shm: max_qp, then ENOMEM" shm 120 --max
 # The Writes go right after RTS, while the streams still come up (about
 # 3,000 a second here): the retry budget is that of timeout 18 (8.6 s).

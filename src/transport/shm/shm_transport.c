@@ -368,7 +368,7 @@ int urdma_shm_take_ring(struct urdma_shm_dest *d, unsigned flags,
 				     READ_ONCE(t->pd_id), d->rq.max_sge };
 	/* Posted and not completed: its tag is its index (shared.h).  An
 	 * rq_done moved by someone onto a slot not lent to us is refused. */
-	if (atomic_load_explicit(&r->e->tag, memory_order_acquire) != done) {
+	if (!urdma_rqe_posted(r->e, done)) {
 		urdma_warn("the receive queue of QP %#x is corrupt (entry %u "
 			   "not posted)", READ_ONCE(t->qpn), done);
 		return -1;
@@ -379,8 +379,7 @@ int urdma_shm_take_ring(struct urdma_shm_dest *d, unsigned flags,
 void urdma_shm_ring_publish(struct urdma_shm_dest *d,
 			    const struct urdma_shm_rcv *r)
 {
-	atomic_store_explicit(&r->e->tag, r->idx + 1, memory_order_release);
-	atomic_store_explicit(&d->qp->rq_done, r->idx + 1, memory_order_release);
+	urdma_ring_publish(d->qp, r->e, r->idx);
 	d->done = r->idx + 1;
 }
 
@@ -418,36 +417,6 @@ static enum urdma_tx uc_drop(struct urdma_qp *qp, const struct urdma_swqe *w,
 	return URDMA_TX_DONE;
 }
 
-/* A small Send's payload, from our spans, into the entry in sge[0]'s
- * place (URDMA_RQE_INLINE).  False if a piece is not ours to read. */
-static bool inline_put(struct urdma_shm_rqe *e, const struct urdma_span *sp,
-		       int n, uint32_t len)
-{
-	uint8_t buf[URDMA_RQE_INLINE];
-	uint32_t got = 0;
-
-	for (int i = 0; i < n && got < len; i++) {
-		for (uint64_t off = 0; off < sp[i].len && got < len;) {
-			uint64_t avail, k;
-			uint8_t *p = urdma_span_ptr(&sp[i], off, &avail);
-
-			if (!p)
-				return false;
-			k = len - got < avail ? len - got : avail;
-			if (k > sp[i].len - off)
-				k = sp[i].len - off;
-			memcpy(buf + got, p, k);
-			got += k;
-			off += k;
-		}
-	}
-	if (got != len)
-		return false;
-	memcpy(e->sge, buf, len);
-	e->inline_len = len;
-	return true;
-}
-
 /*
  * SEND, SEND_WITH_IMM, SEND_WITH_INV and RDMA_WRITE_WITH_IMM: consume the
  * responder's next receive WR, of its ring or its SRQ.  For the write,
@@ -460,7 +429,7 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 	struct urdma_span local[URDMA_MAX_SGE + 1], dst[URDMA_MAX_SGE + 1];
 	enum ibv_wc_status rx_status = IBV_WC_SUCCESS;
 	bool is_write = w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
-	bool uc = qp->ibqp.qp_type == IBV_QPT_UC;
+	bool uc = qp->ibqp.qp_type == IBV_QPT_UC, inl;
 	struct urdma_shm_rqe *e;
 	struct urdma_shm_rcv r;
 	int nl = 0, nd = 0, ret;
@@ -524,19 +493,24 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 		rx_status = uc ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_LOC_LEN_ERR;
 		*status = IBV_WC_REM_INV_REQ_ERR;
 	}
-	if (rx_status == IBV_WC_SUCCESS && !is_write && !qp->dst.srq &&
-	    w->byte_len && w->byte_len <= URDMA_RQE_INLINE &&
-	    READ_ONCE(e->sge[0].length) >= w->byte_len &&
-	    inline_put(e, local, nl, w->byte_len)) {
-		/* In the entry, for the owner to copy (shared.h). */
-	} else if (rx_status == IBV_WC_SUCCESS &&
-		   urdma_copy_spans(rpeer(qp), dst, nd, NULL, local, nl,
-				    w->byte_len)) {
+	/* A small Send into a QP's own ring goes in the entry, in its first
+	 * SGE's place, for the owner to copy (URDMA_RQE_INLINE, shared.h). */
+	inl = rx_status == IBV_WC_SUCCESS && !is_write && !qp->dst.srq &&
+	      w->byte_len && w->byte_len <= URDMA_RQE_INLINE &&
+	      READ_ONCE(e->sge[0].length) >= w->byte_len;
+	if (inl)
+		dst[0] = (struct urdma_span){ .ptr = (uint8_t *)e->sge,
+					      .len = w->byte_len };
+	if (rx_status == IBV_WC_SUCCESS &&
+	    urdma_copy_spans(inl ? NULL : rpeer(qp), dst, inl ? 1 : nd, NULL,
+			     local, nl, w->byte_len)) {
 		/* Our own pages vanished: a local protection error. */
 		rx_status = IBV_WC_WR_FLUSH_ERR;
 		*status = IBV_WC_LOC_PROT_ERR;
 	}
 	/* The receive WR completes, in error at the responder if need be. */
+	if (inl && rx_status == IBV_WC_SUCCESS)
+		e->inline_len = w->byte_len;
 	e->status = rx_status;
 	e->opcode = is_write && rx_status == IBV_WC_SUCCESS ?
 			    IBV_WC_RECV_RDMA_WITH_IMM :

@@ -91,8 +91,7 @@ static int rcv_claim(struct tcp_conn *c, uint32_t ulp, uint32_t *term)
 		/* Posted and not completed: its tag is its index (shared.h).
 		 * rq_done is in shared memory: another process may have
 		 * moved it onto a slot not lent to us. */
-		if (atomic_load_explicit(&c->rcv_e->tag, memory_order_acquire) !=
-		    done) {
+		if (!urdma_rqe_posted(c->rcv_e, done)) {
 			urdma_warn("qp %#x: its receive queue is corrupt (entry "
 				   "%u not posted)", qp->ibqp.qp_num, done);
 			atomic_store(&qp->rq_bad, true);
@@ -131,12 +130,8 @@ static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
 	c->rx_recvs++;
 	if (srq || xs)
 		urdma_srq_publish(e, c->rcv_idx, c->local_qpn);
-	else {
-		atomic_store_explicit(&e->tag, c->rcv_idx + 1,
-				      memory_order_release);
-		atomic_store_explicit(&c->qp->shm->rq_done, c->rcv_idx + 1,
-				      memory_order_release);
-	}
+	else
+		urdma_ring_publish(c->qp->shm, e, c->rcv_idx);
 	/* An XRC SRQ completes into its own CQ: its owner's progress thread
 	 * takes it there and fires it, if armed (srq.c). */
 	if (xs && urdma_rq_notify_claim(&xs->notify,

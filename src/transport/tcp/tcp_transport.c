@@ -573,7 +573,7 @@ void tcp_flush(struct urdma_qp *qp)
 {
 	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
 
-	if (!c || !atomic_load(&c->corked))
+	if (!c || !atomic_load_explicit(&c->corked, memory_order_relaxed))
 		return;
 	pthread_mutex_lock(&c->tx_lock);
 	if (atomic_exchange(&c->corked, false))

@@ -631,8 +631,11 @@ int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		ret = tx_all(c, iov, niov, !end || c->tx_more);
 		niov = 0;
 	}
-	if (!ret) /* a write without MSG_MORE pushed what TCP held */
-		atomic_store(&c->corked, c->tx_more);
+	/* A write without MSG_MORE pushed what TCP held.  Relaxed: written
+	 * under tx_lock, only a hint outside it (tcp_flush). */
+	if (!ret)
+		atomic_store_explicit(&c->corked, c->tx_more,
+				      memory_order_relaxed);
 	return ret;
 }
 
