@@ -319,16 +319,8 @@ while [ "$REP" -lt "$REPS" ]; do
     DONE_REPS=$REP
 done
 
-med() {  # KEY
-    # shellcheck disable=SC2086  # word splitting of the value list is wanted
-    median ${VALS[$1]:-}
-}
 count() { local -a a; read -r -a a <<<"${VALS[$1]:-}"; echo "${#a[@]}"; }
 
-ratio() {  # URDMA PEER -> urdma/peer
-    if [ "$1" = n/a ] || [ "$2" = n/a ]; then echo n/a; return; fi
-    awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f\n", a / b; else print "n/a" }'
-}
 goal_met() {  # VALUE OP LIMIT
     [ "$1" = n/a ] && { echo n/a; return; }
     awk -v v="$1" -v op="$2" -v l="$3" 'BEGIN {

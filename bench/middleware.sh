@@ -50,10 +50,7 @@ else
     say "bench middleware: namespace rows n/a: $NETNS_ERROR"
 fi
 
-declare -A VALS
 keep() { is_num "$2" && VALS[$1]="${VALS[$1]:-} $2"; }
-# shellcheck disable=SC2086  # word splitting of the value list is wanted
-med() { median ${VALS[$1]:-}; }
 
 # mpi KEY ENV-and-mpirun-args...: latency into KEY.lat, bandwidth into KEY.bw
 mpi() {
@@ -67,23 +64,29 @@ mpi() {
 # ucp KEY TEST SIZE ENV...: ucx_perftest loopback (or across namespaces when
 # KEY starts with veth), p50 latency in usec or bandwidth in MB/s
 ucp() {
-    local key=$1 t=$2 s=$3 srv cli out col=2
+    local key=$1 t=$2 s=$3 srv cli out col=2 dst spid end ns=()
     shift 3
     PORT=$((PORT + 1))
     if [[ $key == veth* ]]; then
         srv=(ip netns exec "$NS_A" env URDMA_SHM_DIR="$WORK/shm-a" "$@")
         cli=(ip netns exec "$NS_B" env URDMA_SHM_DIR="$WORK/shm-b" "$@")
         dst=$IP_A
+        ns=(ip netns exec "$NS_A")
     else
         srv=(env "$@")
         cli=(env "$@")
         dst=127.0.0.1
     fi
-    "${srv[@]}" ucx_perftest -p "$PORT" >"$WORK/srv.log" 2>&1 &
-    sleep 0.5
+    timeout 90 "${srv[@]}" ucx_perftest -p "$PORT" >"$WORK/srv.log" 2>&1 &
+    spid=$!
+    end=$((SECONDS + 10))  # until the server listens: the client does not retry
+    until "${ns[@]}" ss -Hltn "sport = :$PORT" 2>/dev/null | grep -q . ||
+          [ $SECONDS -ge $end ]; do
+        sleep 0.05
+    done
     out=$(timeout 60 "${cli[@]}" ucx_perftest -p "$PORT" -t "$t" -s "$s" -n "$([ "$t" = tag_lat ] && echo 20000 || echo 300)" "$dst" 2>/dev/null |
           awk '/^Final:/ { print }')
-    wait 2>/dev/null
+    wait "$spid" 2>/dev/null
     [ "$t" = tag_bw ] && col=6
     keep "$key" "$(awk -v c="$col" '{ print $(c + 1) }' <<<"$out")"
 }
@@ -116,7 +119,6 @@ for rep in $(seq "$REPS"); do
     fi
 done
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "n/a" }'; }
 row() { printf '| %s | %s | %s | %s | %s |\n' "$1" "$2" "$3" "$4" "$(ratio "$2" "$4")"; }
 echo
 echo "### Middleware on urdma ($REPS repetitions, medians)"
