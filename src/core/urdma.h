@@ -788,6 +788,11 @@ int urdma_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 
 /* Is GID g (16 bytes) a multicast group's: IPv6 (ff00::/8), or an IPv4
  * group's address mapped (::ffff:224.0.0.0/100), as RoCE has them? */
+static inline bool urdma_gid_is_linklocal(const uint8_t *g)
+{
+	return g[0] == 0xfe && (g[1] & 0xc0) == 0x80;
+}
+
 static inline bool urdma_gid_is_mcast(const uint8_t *g)
 {
 	static const uint8_t v4[12] = { [10] = 0xff, [11] = 0xff };

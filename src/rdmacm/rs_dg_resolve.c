@@ -214,13 +214,12 @@ struct rs_dest *dg_dest(struct rs_dgram *dg, const struct rs_dg_addr *a)
 }
 
 /* The kernel vouches that a is at QPN qpn: make (or keep) its address
- * handle.  sgid: our GID index the datagrams should come from, -1 to look
- * it up. */
-void dg_learn(struct rsocket *rs, const struct rs_dg_addr *a, uint32_t qpn,
-	      int sgid)
+ * handle, from the GID of ours that reaches it. */
+void dg_learn(struct rsocket *rs, const struct rs_dg_addr *a, uint32_t qpn)
 {
 	struct rs_dest *d;
 	struct ibv_ah_attr attr;
+	int sgid;
 
 	if (!qpn || qpn >= 0xffffff)
 		return;
@@ -232,8 +231,7 @@ void dg_learn(struct rsocket *rs, const struct rs_dg_addr *a, uint32_t qpn,
 	if (d->ah && d->qpn == qpn)
 		return;
 	dg_forget(d);
-	if (sgid < 0)
-		sgid = dg_src_gid(rs, a);
+	sgid = dg_src_gid(rs, a);
 	if (sgid < 0)
 		return;		/* no GID to send from: UDP it stays */
 	memset(&attr, 0, sizeof(attr));
@@ -349,12 +347,12 @@ void dg_udp_input(struct rsocket *rs)
 			/* only from an address asked, with its nonce */
 			d = dg_find(dg, &from);
 			if (d && be32toh(h.nonce) == d->nonce)
-				dg_learn(rs, &from, be32toh(h.qpn), -1);
+				dg_learn(rs, &from, be32toh(h.qpn));
 			else
 				dg->udp_drops++;
 			continue;
 		}
-		dg_learn(rs, &from, be32toh(h.qpn), -1);
+		dg_learn(rs, &from, be32toh(h.qpn));
 		dg_udp_send(rs, &from, RS_DG_OP_REPLY, be32toh(h.nonce), NULL, 0,
 			    true);
 		if (h.op == RS_DG_OP_HELLO)

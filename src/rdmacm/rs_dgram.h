@@ -116,8 +116,7 @@ bool dg_addr_eq(const struct rs_dg_addr *x, const struct rs_dg_addr *y);
 uint32_t dg_random(void);
 struct rs_dest *dg_find(struct rs_dgram *dg, const struct rs_dg_addr *a);
 struct rs_dest *dg_dest(struct rs_dgram *dg, const struct rs_dg_addr *a);
-void dg_learn(struct rsocket *rs, const struct rs_dg_addr *a, uint32_t qpn,
-	      int sgid);
+void dg_learn(struct rsocket *rs, const struct rs_dg_addr *a, uint32_t qpn);
 void dg_forget(struct rs_dest *d);
 int dg_udp_send(struct rsocket *rs, const struct rs_dg_addr *to, uint8_t op,
 		uint32_t nonce, struct rs_iter *it, size_t len, bool nonblock);

@@ -490,6 +490,7 @@ static void hostile_udp(void *arg)
 	SEND(&h, sizeof(h));					/* REPLY unasked */
 	h.op = 1;
 	h.qpn = htobe32(0xffffff);
+	h.nonce = htobe32(0xd00d);
 	memcpy(pkt, &h, sizeof(h));
 	memcpy(pkt + sizeof(h), "good", 4);
 	SEND(pkt, sizeof(h) + 4);		/* DATA, a bad QPN: delivered, not learned */
@@ -498,7 +499,30 @@ static void hostile_udp(void *arg)
 	      !memcmp(buf, "good", 4), "the well-formed datagram was not delivered");
 	CHECK(same_addr(&from, &me), "its source is not the sender's");
 	EXPECT_ERR(rrecv(rs, buf, sizeof(buf), MSG_DONTWAIT), EAGAIN);
-	/* the DATA was answered with a REPLY that echoes its nonce */
+	/* The DATA was answered with a REPLY that echoes its nonce; the
+	 * unasked REPLY was not (nothing else comes to k). */
+	{
+		struct udp_hdr r;
+		bool got = false;
+
+		for (int i = 0; i < 200 && !got; i++) {
+			if (recv(k, &r, sizeof(r), MSG_DONTWAIT) == (ssize_t)sizeof(r) && r.op == 2)
+				got = true;
+			else
+				usleep(5000);
+		}
+		CHECK(got && be32toh(r.nonce) == 0xd00d, "no REPLY echoing the DATA's nonce");
+	}
+	/* Not learned from the DATA's QPN: what rs sends k goes over UDP. */
+	REQUIRE(rsendto(rs, "back", 4, 0, (struct sockaddr *)&me, sizeof(me)) == 4, "rsendto");
+	{
+		struct pollfd pf = { .fd = k, .events = POLLIN };
+		ssize_t n = poll(&pf, 1, WAIT_MS) == 1 ? recv(k, pkt, sizeof(pkt), 0) : -1;
+
+		CHECK(n == (ssize_t)sizeof(h) + 4 && ((struct udp_hdr *)pkt)->op == 1 &&
+			      !memcmp(pkt + sizeof(h), "back", 4),
+		      "the answer to an unlearned source did not come over UDP (%zd bytes)", n);
+	}
 	CHECK(qpn_of(rs, port) != 0, "no REPLY to a HELLO");
 	/* and the rsocket still works */
 	{
@@ -579,7 +603,6 @@ static void raw_ud_send(struct raw_ud *u, struct ibv_ah *ah, uint32_t qpn, uint8
 	struct ibv_sge sge = { (uintptr_t)u->buf, (uint32_t)(8 + len), u->mr->lkey };
 	struct ibv_send_wr wr = { .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
 				  .send_flags = IBV_SEND_SIGNALED }, *bad;
-	struct ibv_wc wc;
 	uint16_t sp = htons(sport), dp = htons(dport);
 
 	memset(u->buf, 0, 8);
@@ -591,8 +614,9 @@ static void raw_ud_send(struct raw_ud *u, struct ibv_ah *ah, uint32_t qpn, uint8
 	wr.wr.ud.remote_qpn = qpn;
 	wr.wr.ud.remote_qkey = DG_QKEY;
 	REQUIRE(!ibv_post_send(u->qp, &wr, &bad), "post_send");
-	for (int i = 0; i < 1000 && ibv_poll_cq(u->cq, 1, &wc) == 0; i++)
-		usleep(1000);
+	/* It left: a check that nothing arrived means something only then. */
+	REQUIRE(t_expect_wc(u->cq, NULL, 0, IBV_WC_SUCCESS, IBV_WC_SEND, "forged datagram"),
+		"the forged datagram was sent");
 }
 
 static void raw_ud_close(struct raw_ud *u)
@@ -668,8 +692,9 @@ static void stale_qpn(void *arg)
 	rclose(x);
 	y = dg_bound(0, &py);
 	qy = qpn_of(y, py);
-	if (qx != qy)
-		t_note("Y got QPN %#x, not X's %#x: nothing to mistake", qy, qx);
+	/* The case's premise: without it the check below passes whatever
+	 * the receive path does. */
+	REQUIRE(qx == qy, "Y got QPN %#x, not X's freed %#x", qy, qx);
 	/* Y knows p too (so p's datagrams pass Y's source check) */
 	{
 		struct sockaddr_in ty = loop_addr(py);

@@ -115,7 +115,7 @@ int urdma_tcp_bind_source(int fd, const uint8_t gid[16])
 {
 	struct sockaddr_in6 sa = { .sin6_family = AF_INET6 };
 
-	if (gid[0] == 0xfe && (gid[1] & 0xc0) == 0x80)
+	if (IN6_IS_ADDR_LINKLOCAL((const struct in6_addr *)gid))
 		return 0; /* link-local: not reachable over TCP anyway */
 	memcpy(&sa.sin6_addr, gid, 16);
 	if (IN6_IS_ADDR_UNSPECIFIED(&sa.sin6_addr))

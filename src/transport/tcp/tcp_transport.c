@@ -54,7 +54,7 @@ int tcp_peer_addr(struct urdma_qp *qp, const struct ibv_qp_attr *attr,
 					 &attr->ah_attr.grh.dgid :
 					 &loopback;
 
-	if (g->raw[0] == 0xfe && (g->raw[1] & 0xc0) == 0x80) {
+	if (urdma_gid_is_linklocal(g->raw)) {
 		urdma_warn("qp %#x: link-local GIDs can't be reached over TCP",
 			   qp->ibqp.qp_num);
 		return -EINVAL;

@@ -665,8 +665,7 @@ static void dest_addr(struct urdma_qp *qp, const struct urdma_av *av,
 	if (av->is_global && urdma_gid_is_mcast(av->dgid)) {
 		memcpy(&sa->sin6_addr, av->dgid, 16);
 		sa->sin6_port = htons(UDP_MCAST_PORT);
-	} else if (av->is_global && !(av->dgid[0] == 0xfe &&
-					(av->dgid[1] & 0xc0) == 0x80)) {
+	} else if (av->is_global && !urdma_gid_is_linklocal(av->dgid)) {
 		/* another host's address, or ours (then the receiver's GRH
 		 * names it as the source, as the sender's GID says) */
 		memcpy(&sa->sin6_addr, av->dgid, 16);
