@@ -42,6 +42,22 @@ static const char *line(const char *path)
 	return buf;
 }
 
+/* Whether the host directory holds a view tree of process pid. */
+static bool has_tree(const char *host, pid_t pid)
+{
+	char pre[32];
+	DIR *hd = opendir(host);
+	struct dirent *he;
+	bool found = false;
+
+	REQUIRE(hd, "opendir %s", host);
+	snprintf(pre, sizeof(pre), "view-%d-", (int)pid);
+	while ((he = readdir(hd)))
+		found |= !strncmp(he->d_name, pre, strlen(pre));
+	closedir(hd);
+	return found;
+}
+
 static void view(void *arg)
 {
 	struct ibv_device **l = ibv_get_device_list(NULL);
@@ -145,7 +161,14 @@ static void view(void *arg)
 		CHECK(fd < 0 && errno == ENOENT, "open of a file the view has not");
 	}
 
-	/* a child of fork() makes its own view; the parent's stays */
+	const char *env = getenv("URDMA_SHM_DIR");
+	char host[PATH_MAX / 2];
+
+	snprintf(host, sizeof(host), "%s", env && *env ? env : "");
+	if (!host[0])
+		snprintf(host, sizeof(host), "/dev/shm/urdma-%u", (unsigned)geteuid());
+	/* a child of fork() makes its own view (2: it saw one, but not its
+	 * own tree); its exit removes that, and the parent's stays */
 	{
 		pid_t pid = fork();
 		int status;
@@ -153,23 +176,23 @@ static void view(void *arg)
 		REQUIRE(pid >= 0, "fork");
 		if (!pid) {
 			snprintf(p, sizeof(p), "/sys/class/infiniband/%s/node_guid", dev);
-			_exit(strlen(line(p)) == 19 ? 0 : 1);
+			if (strlen(line(p)) != 19)
+				exit(1);
+			exit(has_tree(host, getpid()) ? 0 : 2);
 		}
 		REQUIRE(waitpid(pid, &status, 0) == pid, "waitpid");
-		CHECK(WIFEXITED(status) && !WEXITSTATUS(status), "the child saw no view");
+		CHECK(WIFEXITED(status) && !WEXITSTATUS(status),
+		      "the child saw no view of its own (exit status %d)", WEXITSTATUS(status));
 		snprintf(p, sizeof(p), "/sys/class/infiniband/%s/node_guid", dev);
 		CHECK(strlen(line(p)) == 19, "the parent's view went with the child");
+		CHECK(has_tree(host, getpid()), "the parent's tree went with the child");
 	}
 	/* a process's tree goes when it exits, and a dead one's is swept */
 	{
-		const char *env = getenv("URDMA_SHM_DIR");
-		char host[PATH_MAX / 2], dead[PATH_MAX];
+		char dead[PATH_MAX];
 		pid_t pid = fork(), pid2;
 		int status;
 
-		snprintf(host, sizeof(host), "%s", env && *env ? env : "");
-		if (!host[0])
-			snprintf(host, sizeof(host), "/dev/shm/urdma-%u", (unsigned)geteuid());
 		REQUIRE(pid >= 0, "fork");
 		if (!pid) {
 			snprintf(p, sizeof(p), "/sys/class/infiniband/%s/node_guid", dev);
@@ -177,19 +200,7 @@ static void view(void *arg)
 		}
 		REQUIRE(waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
 			!WEXITSTATUS(status), "child");
-		{
-			char pre[32];
-			DIR *hd = opendir(host);
-			struct dirent *he;
-			bool left = false;
-
-			REQUIRE(hd, "opendir %s", host);
-			snprintf(pre, sizeof(pre), "view-%d-", (int)pid);
-			while ((he = readdir(hd)))
-				left |= !strncmp(he->d_name, pre, strlen(pre));
-			closedir(hd);
-			CHECK(!left, "the tree of process %d stays after it", (int)pid);
-		}
+		CHECK(!has_tree(host, pid), "the tree of process %d stays after it", (int)pid);
 		/* plant a tree nobody holds: the next view sweeps it */
 		snprintf(dead, sizeof(dead), "%s/view-%d-deadbeef", host, (int)pid);
 		REQUIRE(!mkdir(dead, 0700), "mkdir %s", dead);
