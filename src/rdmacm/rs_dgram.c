@@ -290,22 +290,24 @@ void rs_dg_free(struct rsocket *rs)
 
 /* Is (from, src_qp) a source the table vouches for?  A source not known,
  * or at another QPN, may be one whose REPLY is still on the UDP socket:
- * read it once, then ask the source (at most one such HELLO per
- * RS_DG_ASK_GAP_NS). */
+ * read that once per batch of completions (*drained), then ask the source
+ * (at most one such HELLO per RS_DG_ASK_GAP_NS).  now: the batch's time. */
 static bool dg_verified(struct rsocket *rs, const struct rs_dg_addr *from,
-			uint32_t src_qp)
+			uint32_t src_qp, uint64_t now, bool *drained)
 {
 	struct rs_dgram *dg = rs->dg;
 	struct rs_dest *d = dg_find(dg, from);
-	uint64_t now;
 
 	if (d && d->qpn == src_qp)
 		goto yes;
+	if (*drained)
+		goto no;
+	*drained = true;
 	dg_udp_input(rs);
 	d = dg_find(dg, from);
 	if (d && d->qpn == src_qp)
 		goto yes;
-	now = urdma_now_ns();
+no:
 	if (now - dg->ask_ns >= RS_DG_ASK_GAP_NS) {
 		dg->ask_ns = now;
 		d = dg_dest(dg, from);
@@ -315,14 +317,15 @@ static bool dg_verified(struct rsocket *rs, const struct rs_dg_addr *from,
 	dg->unverified++;
 	return false;
 yes:
-	d->heard_ns = urdma_now_ns();
+	d->heard_ns = now;
 	return true;
 }
 
 /* A receive completed: keep it (checked, its source named) or post it
  * again.  A UD datagram is ours when it has a GRH, our header naming our
  * port, a source of our family, and the table vouches for its source. */
-static void dg_rx_take(struct rsocket *rs, const struct ibv_wc *w, uint32_t slot)
+static void dg_rx_take(struct rsocket *rs, const struct ibv_wc *w, uint32_t slot,
+		       uint64_t now, bool *drained)
 {
 	struct rs_dgram *dg = rs->dg;
 	const uint8_t *b = dg_rslot(rs, slot);
@@ -345,7 +348,7 @@ static void dg_rx_take(struct rsocket *rs, const struct ibv_wc *w, uint32_t slot
 	    !dg_addr_to(rs, &from, &ss, &sl) ||
 	    (dg->connected && !dg_addr_eq(&from, &dg->peer)))
 		goto drop;
-	if (!dg_verified(rs, &from, w->src_qp))
+	if (!dg_verified(rs, &from, w->src_qp, now, drained))
 		goto again;
 	x = &dg->rx[dg->rx_tail++ % dg->rx_cap];
 	x->slot = slot;
@@ -369,13 +372,16 @@ static void dg_poll_cq(struct rsocket *rs)
 	if (!rs->cq)
 		return;
 	while ((n = ibv_poll_cq(rs->cq, 32, wc)) > 0) {
+		uint64_t now = urdma_now_ns();
+		bool drained = false;
+
 		for (int i = 0; i < n; i++) {
 			struct ibv_wc *w = &wc[i];
 			uint32_t slot = (uint32_t)(w->wr_id & 0xffffffffu);
 
 			if (w->wr_id & RS_WR_RECV) {
 				if (slot < (uint32_t)rs->rq_size)
-					dg_rx_take(rs, w, slot);
+					dg_rx_take(rs, w, slot, now, &drained);
 				continue;
 			}
 			rs->sq_used--;
