@@ -145,17 +145,23 @@ static void eat_maps(long room)
 			DIE("mprotect: %m");
 }
 
-/* Eat fds until `room` are left under RLIMIT_NOFILE. */
+/* Eat fds until `room` are left under RLIMIT_NOFILE: the limit goes
+ * `room` past the highest fd open, and the holes below it are filled (a
+ * new fd takes the lowest free number: the library keeps some fds high). */
 static void eat_fds(long room)
 {
 	struct rlimit rl;
+	int top = -1, fd;
 
 	getrlimit(RLIMIT_NOFILE, &rl);
-	rl.rlim_cur = 0;
-	for (int fd = 0; fd < 1 << 20; fd++)
+	for (fd = 0; fd < 1 << 20; fd++)
 		if (fcntl(fd, F_GETFD) >= 0)
-			rl.rlim_cur = fd + 1;
-	rl.rlim_cur += room;
+			top = fd;
+	while ((fd = open("/dev/null", O_RDONLY)) >= 0 && fd < top)
+		;
+	if (fd > top)
+		close(fd);
+	rl.rlim_cur = (rlim_t)top + 1 + room;
 	if (setrlimit(RLIMIT_NOFILE, &rl))
 		DIE("setrlimit: %m");
 }
