@@ -859,7 +859,7 @@ bench_scale() {
         echo
         for tr in shm tcp; do
             echo "$tr:"
-            QS_TIMEOUT=18 URDMA_TRANSPORT=$tr timeout 300 "$URDMA" run "$BUILD/bin/qp_scale" "$n" \
+            URDMA_TRANSPORT=$tr timeout 300 "$URDMA" run "$BUILD/bin/qp_scale" "$n" \
                 2>"$LOGS/qp_scale-$tr.log" | sed 's/^/    /'
         done
     } | tee -a "$RESULTS"

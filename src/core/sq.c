@@ -128,6 +128,13 @@ static bool sq_retry_exceeded(struct urdma_qp *qp, struct urdma_swqe *wqe,
 {
 	uint64_t now = urdma_now_ns(), waited, budget;
 
+	/* Waiting for a way still being set up costs no budget (UC's grace
+	 * neither): the clock starts once set-up stops moving. */
+	if (r == URDMA_TX_SETTING_UP) {
+		wqe->first_try_ns = now;
+		qp->uc_lost_ns = 0;
+		return false;
+	}
 	if (!wqe->first_try_ns)
 		wqe->first_try_ns = now;
 	waited = now - wqe->first_try_ns;

@@ -13,6 +13,9 @@ enum urdma_tx {
 	URDMA_TX_DONE,	    /* finished; *status tells how */
 	URDMA_TX_RNR,	    /* the responder has no receive posted yet */
 	URDMA_TX_NOT_READY, /* the responder can't be reached or isn't ready */
+	/* The way to the responder is still being set up, and set-ups are
+	 * moving: the retry budget does not run yet */
+	URDMA_TX_SETTING_UP,
 	URDMA_TX_POSTED,    /* sent; urdma_qp_wr_mark() + _kick() report it later */
 	URDMA_TX_WAIT,	    /* our own limit (outstanding READs): retry, no timer */
 };

@@ -528,6 +528,68 @@ static void killed_child(struct t_peer *p, void *arg)
 		t_sleep_ms(1000);
 }
 
+/* ------------------------------------------------------------------ */
+/* A QP connected to a QP that is gone                                 */
+/* ------------------------------------------------------------------ */
+
+/*
+ * The peer is alive and another pair has just connected, but the QP this
+ * one names was destroyed: a Write fails with RETRY_EXC_ERR once the retry
+ * budget (537 ms) has passed, and not much later.  Over TCP the wait for a
+ * stream costs no budget while other streams come up (tcp_setup_moving):
+ * this checks that a stream that never comes up still fails in time.
+ */
+#define ABSENT_BOUND_MS 4000
+
+static void absent_parent(struct t_peer *p, void *arg)
+{
+	struct t_res r, r2;
+	struct t_conn gone, mine;
+	unsigned char *buf = t_alloc(4096);
+	struct ibv_mr *mr;
+	uint64_t t0;
+	unsigned long ms;
+
+	t_res_open(&r, NULL);
+	t_res_open(&r2, NULL);
+	mr = t_reg(&r2, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	t_connect_pair(p, &r, NULL, NULL);
+	t_conn_local(&r2, NULL, &mine);
+	t_exchange(p, &mine, &gone);
+	t_barrier(p); /* the child destroyed that QP */
+	t_connect(&r2, &gone);
+	t0 = t_now_ms();
+	REQUIRE(t_post_send(r2.qp, 7, IBV_WR_RDMA_WRITE, buf, 8, mr->lkey, IBV_SEND_SIGNALED,
+			    gone.addr, gone.rkey) == 0, "ibv_post_send");
+	t_expect_wc(r2.send_cq, NULL, 7, IBV_WC_RETRY_EXC_ERR, -1,
+		    "a Write to a QP that was destroyed");
+	ms = (unsigned long)(t_now_ms() - t0);
+	t_note("RETRY_EXC_ERR after %lu ms", ms);
+	CHECK(ms >= 400 && ms <= ABSENT_BOUND_MS, "the Write failed after %lu ms: expected the "
+	      "retry budget of 537 ms, and at most %d ms", ms, ABSENT_BOUND_MS);
+	CHECK(t_qp_state(r2.qp) == IBV_QPS_ERR, "QP is %s", t_qp_state_str(t_qp_state(r2.qp)));
+	t_barrier(p);
+	t_res_close(&r2);
+	t_res_close(&r);
+	free(buf);
+}
+
+static void absent_child(struct t_peer *p, void *arg)
+{
+	struct t_res r, r2;
+	struct t_conn mine, theirs;
+
+	t_res_open(&r, NULL);
+	t_res_open(&r2, NULL);
+	t_connect_pair(p, &r, NULL, NULL);
+	t_conn_local(&r2, NULL, &mine);
+	t_exchange(p, &mine, &theirs);
+	t_res_close(&r2);
+	t_barrier(p);
+	t_barrier(p); /* the parent saw its Write fail */
+	t_res_close(&r);
+}
+
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
@@ -544,5 +606,6 @@ int main(int argc, char **argv)
 	t_pair("peer_killed_then_post", killed_parent, killed_child, NULL);
 	t_pair("peer_killed_with_sends_stalled_on_rnr", killed_parent, killed_child, (void *)1);
 	t_pair("peer_killed_while_idle", killed_idle_parent, killed_child, NULL);
+	t_pair("write_to_a_destroyed_qp", absent_parent, absent_child, NULL);
 	return t_finish();
 }

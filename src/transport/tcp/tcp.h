@@ -238,8 +238,12 @@ struct tcp_globals {
 	struct list_head pending; /* accepted conns being set up */
 	atomic_bool paused;	  /* listeners not accepting (pending_admit) */
 	_Atomic uint64_t look_ns; /* while paused: pending_admit by then */
+	/* When a stream of ours last came up (tcp_setup_moving) */
+	_Atomic uint64_t moved_ns;
 };
 extern struct tcp_globals T;
+
+bool tcp_setup_moving(const struct urdma_qp *qp);
 
 /*
  * How long answers to flushes wait for a message of ours to ride with.

@@ -123,6 +123,31 @@ void conn_sync_timeout(struct tcp_conn *c, struct urdma_qp *qp)
 	setsockopt(c->fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
 }
 
+/*
+ * A NIC's QP at RTS is connected; ours gets its stream after RTR, and the
+ * WRs posted at once wait for it.  Thousands of QPs set up together take
+ * seconds (3,000 to 5,000 streams a second here), more than a retry budget
+ * (0.54 s at timeout 14): counted from the post, most of their first WRs
+ * failed with RETRY_EXC_ERR (11,014 of 16,384).  So while this process's
+ * streams keep coming up (one did within the last SETUP_MOVING_NS, or the
+ * budget if longer), a WR waiting for its stream does not spend its budget;
+ * once set-ups stop moving (the peer's host is gone, or its QP refuses
+ * us), the budget runs as it would on a NIC.  Only a stream that came up
+ * counts: a connect that reaches a listener may end in a Reject, and be
+ * tried again every RETRY_CONNECT_NS for ever.  The window is not the budget
+ * alone: at timeout 10 (33 ms) set-ups paused that long now and then.
+ */
+#define SETUP_MOVING_NS 1000000000ull
+bool tcp_setup_moving(const struct urdma_qp *qp)
+{
+	uint64_t budget = urdma_qp_retry_ns(qp);
+
+	if (budget < SETUP_MOVING_NS)
+		budget = SETUP_MOVING_NS;
+	return urdma_qp_retry_ns(qp) &&
+	       urdma_now_ns() - atomic_load(&T.moved_ns) < budget;
+}
+
 /* The stream is up.  Under T.lock. */
 static void conn_up(struct tcp_conn *c)
 {
@@ -131,6 +156,7 @@ static void conn_up(struct tcp_conn *c)
 	list_del(&c->node);
 	list_init(&c->node);
 	conn_sync_timeout(c, qp);
+	atomic_store(&T.moved_ns, urdma_now_ns());
 	atomic_store(&c->state, C_UP);
 	__atomic_store_n(&qp->tr_priv, c, __ATOMIC_RELEASE);
 	/* Edge-triggered: one wake-up per arrival (unless parked). */

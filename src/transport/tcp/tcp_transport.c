@@ -372,7 +372,8 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 		return URDMA_TX_DONE;
 	}
 	if (!c || atomic_load(&c->state) != C_UP)
-		return URDMA_TX_NOT_READY;
+		return tcp_setup_moving(qp) ? URDMA_TX_SETTING_UP :
+					      URDMA_TX_NOT_READY;
 	if (rx_owner == c)
 		return URDMA_TX_WAIT; /* run from poll_cq or the progress thread */
 	*status = urdma_local_spans(qp, w, sp, &n,
