@@ -370,6 +370,16 @@ static void srq_take_xrc(struct urdma_srq *srq, struct urdma_shm_rqe *e,
 	__atomic_store_n(&srq->stuck_ns, 0, __ATOMIC_RELAXED);
 }
 
+/* Has a deliverer claimed a receive not yet taken (urdma_srq_drain has
+ * something to do)?  No lock: poll only grows, so a stale value can only
+ * say yes.  The caller keeps srq alive (cq->lock, with its QP listed). */
+bool urdma_srq_pending(const struct urdma_srq *srq)
+{
+	return atomic_load_explicit(&srq->shm->claim, memory_order_acquire) !=
+		       READ_ONCE(srq->poll) &&
+	       !READ_ONCE(srq->bad);
+}
+
 /*
  * Take the published entries, in order, into the receive CQs of the QPs
  * they name (an XRC SRQ: into its own CQ).  Any thread; cq locks are taken inside srq->lock, never the

@@ -680,6 +680,7 @@ int urdma_destroy_srq(struct ibv_srq *srq);
 int urdma_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
 			struct ibv_recv_wr **bad);
 void urdma_srq_drain(struct urdma_srq *srq);
+bool urdma_srq_pending(const struct urdma_srq *srq);
 void urdma_srq_maintain(struct urdma_srq *srq);
 void urdma_srq_attach(struct urdma_srq *srq, struct urdma_qp *qp);
 void urdma_srq_detach(struct urdma_qp *qp);
