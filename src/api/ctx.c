@@ -17,8 +17,8 @@
  * arm is followed by one more look at the CQ, so no completion is missed.
  * A blocking call first polls the CQ for up to spin_us, so a peer that
  * answers within it costs no system call on either side.  Adaptive: after
- * eight waits in a row that a spin would not have met, it sleeps at once,
- * until a sleep ends within spin_us or a probe spin (one wait in 16, then
+ * eight waits in a row that each took over SPIN_LONG_NS, it sleeps at once,
+ * until a sleep ends within that or a probe spin (one wait in 16, then
  * ever fewer) meets its event.
  */
 #include <errno.h>
@@ -44,6 +44,9 @@
 #define CQ_PER_POLL 512 /* completions one urdma_poll takes at most */
 #define DEF_SPIN_US 30
 #define SPIN_MISSES 8	/* waits in a row that a spin would not meet */
+/* A wait longer than this is a miss: shorter ones still gain from the
+ * spin (it keeps the stream polled), even when they outlast it. */
+#define SPIN_LONG_NS 1000000ull
 #define PROBE_MIN 16	/* then one wait in this many spins anyway, */
 #define PROBE_MAX 1024	/* one in twice as many after each that missed */
 #define FD_LOOK_NS 50000ull /* see progress() */
@@ -610,11 +613,11 @@ static bool spin_first(urdma_ctx *ctx, bool *probe)
 	return true;
 }
 
-/* After a wait of waited_ns: did a spin meet it, or would one have? */
+/* After a wait of waited_ns: was it short enough to be worth a spin? */
 static void spin_learn(urdma_ctx *ctx, bool slept, bool probe,
 		       uint64_t waited_ns)
 {
-	if (!slept || waited_ns <= (uint64_t)ctx->cfg.spin_us * 1000ull) {
+	if (!slept || waited_ns <= SPIN_LONG_NS) {
 		ctx->spin_miss = 0;
 		ctx->probe_every = PROBE_MIN;
 		return;
