@@ -167,6 +167,7 @@ struct tcp_conn {
 	/* send side, under tx_lock */
 	uint32_t tx_msn[DDP_NUM_QN];
 	struct tx_seg tx_tail; /* an FPDU to send with the next message's end */
+	struct tx_seg tx_head; /* ... and one to send before its start */
 	/* WRs follow this one in the engine's run: its last write goes with
 	 * MSG_MORE (tx_msg), and corked says so until tcp_flush pushes. */
 	bool tx_more;

@@ -239,13 +239,21 @@ static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
 	}
 	if (send) {
 		if (imm) {
+			/* Before the Send, in the same write (tx_msg): one
+			 * system call and one segment per message, not two. */
 			struct rdmap_imm im = {
 				.imm = w->imm_data,
 				.flags = htonl(URDMA_IMM_FOR_SEND),
 			};
+			uint8_t ih[sizeof(struct ddp_untagged_hdr) + sizeof(im)];
+			uint32_t in = tcp_put_untagged_inv(
+				ih, RDMAP_IMM, DDP_QN_SEND,
+				c->tx_msn[DDP_QN_SEND]++, w->xrc_srqn);
 
-			ret = tx_ctrl_ulp(c, RDMAP_IMM, DDP_QN_SEND, &im,
-					  sizeof(im), w->xrc_srqn);
+			memcpy(ih + in, &im, sizeof(im));
+			seg_close(c, &c->tx_head,
+				  seg_open(c, &c->tx_head, ih, in + sizeof(im),
+					   0, 0, true));
 		}
 		if (w->opcode == IBV_WR_SEND_WITH_INV)
 			hl = tcp_put_untagged_inv(
@@ -273,6 +281,7 @@ static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
 			    sizeof(im), w->xrc_srqn);
 	}
 	c->tx_tail.hlen = 0; /* sent, or the stream is dead */
+	c->tx_head.hlen = 0;
 }
 
 /* Read or atomic.  Under tx_lock. */

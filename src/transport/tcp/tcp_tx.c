@@ -614,6 +614,14 @@ int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		/* A stream given up meanwhile ends here, on an FPDU's end. */
 		if (off && conn_giving_up(c))
 			return -EPIPE;
+		if (!off && c->tx_head.hlen) {
+			/* (the Immediate Data that goes before its Send) */
+			iov[niov++] = (struct iovec){ c->tx_head.hdr,
+						      c->tx_head.hlen };
+			iov[niov++] = (struct iovec){ c->tx_head.trailer,
+						      c->tx_head.tlen };
+			c->tx_head.hlen = 0;
+		}
 		n = tcp_frame(c, hdr, hlen, sp, nsp, len, &off, &end, seg,
 			  TX_IOV / 4, iov, &niov, fiov);
 
