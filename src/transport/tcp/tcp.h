@@ -166,8 +166,11 @@ struct tcp_conn {
 	_Atomic uint8_t tx_parked;
 	/* send side, under tx_lock */
 	uint32_t tx_msn[DDP_NUM_QN];
-	struct tx_seg tx_tail; /* an FPDU to send with the next message's end */
-	struct tx_seg tx_head; /* ... and one to send before its start */
+	/* FPDUs to send with the next message, in the same write: before
+	 * its start (a Send's Immediate Data), after its end (a Write's
+	 * Immediate Data, then a flush Read): tx_msg. */
+	struct tx_seg tx_head, tx_tail[2];
+	uint8_t ntail;
 	/* WRs follow this one in the engine's run: its last write goes with
 	 * MSG_MORE (tx_msg), and corked says so until tcp_flush pushes. */
 	bool tx_more;
@@ -348,6 +351,8 @@ void tcp_armed(struct urdma_qp *qp);
 int tcp_peer_addr(struct urdma_qp *qp, const struct ibv_qp_attr *attr,
 		     struct sockaddr_in6 *sa);
 void tx_flush_tail(struct tcp_conn *c, uint32_t tag);
+void tx_frame_ctrl(struct tcp_conn *c, struct tx_seg *s, unsigned op,
+		   uint32_t qn, const void *body, uint32_t blen, uint32_t ulp);
 enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 				 enum ibv_wc_status *status);
 bool tcp_maintain(struct urdma_qp *qp);

@@ -193,13 +193,9 @@ static struct tcp_ord *ord_get(struct tcp_conn *c, struct urdma_qp *qp)
 void tx_flush_tail(struct tcp_conn *c, uint32_t tag)
 {
 	struct rdmap_read_req rr = { .sink_stag = htonl(tag) };
-	uint8_t h[sizeof(struct ddp_untagged_hdr) + sizeof(rr)];
-	uint32_t n = tcp_put_untagged(h, RDMAP_READ_REQ, DDP_QN_READ,
-				  c->tx_msn[DDP_QN_READ]++);
 
-	memcpy(h + n, &rr, sizeof(rr));
-	seg_close(c, &c->tx_tail,
-		  seg_open(c, &c->tx_tail, h, n + sizeof(rr), 0, 0, true));
+	tx_frame_ctrl(c, &c->tx_tail[c->ntail++], RDMAP_READ_REQ, DDP_QN_READ,
+		      &rr, sizeof(rr), 0);
 }
 
 /* Send or Write (with or without immediate data).  Under tx_lock.  A
@@ -221,7 +217,6 @@ static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
 	uint8_t h[sizeof(struct ddp_untagged_hdr)];
 	uint32_t tag = 0, hl;
 	struct tcp_unc *u;
-	int ret = 0;
 
 	if (!uc) {
 		pthread_mutex_lock(&c->ord_lock);
@@ -245,15 +240,9 @@ static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
 				.imm = w->imm_data,
 				.flags = htonl(URDMA_IMM_FOR_SEND),
 			};
-			uint8_t ih[sizeof(struct ddp_untagged_hdr) + sizeof(im)];
-			uint32_t in = tcp_put_untagged_inv(
-				ih, RDMAP_IMM, DDP_QN_SEND,
-				c->tx_msn[DDP_QN_SEND]++, w->xrc_srqn);
 
-			memcpy(ih + in, &im, sizeof(im));
-			seg_close(c, &c->tx_head,
-				  seg_open(c, &c->tx_head, ih, in + sizeof(im),
-					   0, 0, true));
+			tx_frame_ctrl(c, &c->tx_head, RDMAP_IMM, DDP_QN_SEND,
+				      &im, sizeof(im), w->xrc_srqn);
 		}
 		if (w->opcode == IBV_WR_SEND_WITH_INV)
 			hl = tcp_put_untagged_inv(
@@ -268,19 +257,18 @@ static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
 	} else {
 		hl = tcp_put_tagged(h, RDMAP_WRITE, w->rkey, w->remote_addr);
 	}
-	if (!ret && sig && !(imm && !send))
-		tx_flush_tail(c, tag); /* rides with the message's end */
-	if (!ret)
-		ret = tx_msg(c, h, hl, sp, n, w->byte_len);
-	if (!ret && imm && !send) {
+	if (imm && !send) {
+		/* A Write's Immediate Data follows it, in the same write */
 		struct rdmap_imm im = { .imm = w->imm_data };
 
-		if (sig)
-			tx_flush_tail(c, tag);
-		tx_ctrl_ulp(c, se ? RDMAP_IMM_SE : RDMAP_IMM, DDP_QN_SEND, &im,
-			    sizeof(im), w->xrc_srqn);
+		tx_frame_ctrl(c, &c->tx_tail[c->ntail++],
+			      se ? RDMAP_IMM_SE : RDMAP_IMM, DDP_QN_SEND, &im,
+			      sizeof(im), w->xrc_srqn);
 	}
-	c->tx_tail.hlen = 0; /* sent, or the stream is dead */
+	if (sig)
+		tx_flush_tail(c, tag); /* rides with the message's end */
+	tx_msg(c, h, hl, sp, n, w->byte_len);
+	c->ntail = 0; /* sent, or the stream is dead */
 	c->tx_head.hlen = 0;
 }
 

@@ -629,13 +629,14 @@ int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 			return n;
 		if (end && late)
 			niov += rsp_take(c, pseg, iov + niov, TX_IOV - 2 - niov);
-		if (end && c->tx_tail.hlen) {
-			iov[niov++] = (struct iovec){ c->tx_tail.hdr,
-						      c->tx_tail.hlen };
-			iov[niov++] = (struct iovec){ c->tx_tail.trailer,
-						      c->tx_tail.tlen };
-			c->tx_tail.hlen = 0;
+		for (int t = 0; end && t < c->ntail; t++) {
+			iov[niov++] = (struct iovec){ c->tx_tail[t].hdr,
+						      c->tx_tail[t].hlen };
+			iov[niov++] = (struct iovec){ c->tx_tail[t].trailer,
+						      c->tx_tail[t].tlen };
 		}
+		if (end)
+			c->ntail = 0;
 		ret = tx_all(c, iov, niov, !end || c->tx_more);
 		niov = 0;
 	}
@@ -698,6 +699,21 @@ int tx_ctrl_ulp(struct tcp_conn *c, unsigned op, uint32_t qn,
 
 	memcpy(h + n, body, blen);
 	return tx_msg(c, h, n + blen, NULL, 0, 0);
+}
+
+/* Such a message framed whole into s (its MSN taken now), for tx_msg to
+ * send with the next message (tx_head, tx_tail).  Under tx_lock. */
+void tx_frame_ctrl(struct tcp_conn *c, struct tx_seg *s, unsigned op,
+		   uint32_t qn, const void *body, uint32_t blen, uint32_t ulp)
+{
+	uint8_t h[sizeof(struct ddp_untagged_hdr) +
+		  sizeof(struct rdmap_read_req)];
+	uint32_t n = tcp_put_untagged_inv(h, op, qn, c->tx_msn[qn]++, ulp);
+
+	if (blen > sizeof(h) - n)
+		abort(); /* (callers pass an Immediate Data or a Read) */
+	memcpy(h + n, body, blen);
+	seg_close(c, s, seg_open(c, s, h, n + blen, 0, 0, true));
 }
 
 /* Frame the Terminate for the segment whose DDP header is at hdr, in the
