@@ -16,6 +16,7 @@
 
 #define RBUF_SIZE (256 * 1024)
 #define TX_IOV 64
+#define TX_TAILS 2 /* FPDUs riding at a message's end (tx_tail) */
 #define TX_GATHER 4608 /* a write that goes out from one buffer (tx_flat) */
 #define RSP_SEGS 16	     /* FPDUs (and responses) per response write */
 #define RSP_TAKE 8	     /* data-less responses sent with a message */
@@ -169,7 +170,7 @@ struct tcp_conn {
 	/* FPDUs to send with the next message, in the same write: before
 	 * its start (a Send's Immediate Data), after its end (a Write's
 	 * Immediate Data, then a flush Read): tx_msg. */
-	struct tx_seg tx_head, tx_tail[2];
+	struct tx_seg tx_head, tx_tail[TX_TAILS];
 	uint8_t ntail;
 	/* WRs follow this one in the engine's run: its last write goes with
 	 * MSG_MORE (tx_msg), and corked says so until tcp_flush pushes. */

@@ -118,8 +118,9 @@ int tcp_frame(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 				k = sp[si].len - soff;
 			if (k > avail)
 				k = avail;
-			/* Room for this piece, the trailer and a flush tail. */
-			if (n >= TX_IOV - 3) {
+			/* Room for this piece, the trailer and the tails
+			 * (two iovecs each). */
+			if (n >= TX_IOV - 1 - 2 * TX_TAILS) {
 				if (nseg)
 					return nseg; /* the rest next time */
 				return -EFAULT;	     /* too fragmented */
@@ -137,7 +138,7 @@ int tcp_frame(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		*niov = n;
 		*off = pos + plen;
 		*end = *off == len;
-		if (n >= TX_IOV - 5)
+		if (n >= TX_IOV - 3 - 2 * TX_TAILS)
 			break;
 	}
 	return nseg;
@@ -628,7 +629,8 @@ int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		if (n < 0)
 			return n;
 		if (end && late)
-			niov += rsp_take(c, pseg, iov + niov, TX_IOV - 2 - niov);
+			niov += rsp_take(c, pseg, iov + niov,
+					 TX_IOV - 2 * TX_TAILS - niov);
 		for (int t = 0; end && t < c->ntail; t++) {
 			iov[niov++] = (struct iovec){ c->tx_tail[t].hdr,
 						      c->tx_tail[t].hlen };
