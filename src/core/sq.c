@@ -121,6 +121,8 @@ static uint64_t rnr_timer_ns(uint32_t code)
 }
 
 #define UC_GRACE_NS 1000000000ull
+/* The longest a WR waits for its way while others' set-ups move. */
+#define SETUP_WAIT_NS (30ull * 1000000000ull)
 
 /* Decide what a WR the responder could not take becomes. */
 static bool sq_retry_exceeded(struct urdma_qp *qp, struct urdma_swqe *wqe,
@@ -128,16 +130,15 @@ static bool sq_retry_exceeded(struct urdma_qp *qp, struct urdma_swqe *wqe,
 {
 	uint64_t now = urdma_now_ns(), waited, budget;
 
-	/* Waiting for a way still being set up costs no budget (UC's grace
-	 * neither): the clock starts once set-up stops moving. */
-	if (r == URDMA_TX_SETTING_UP) {
-		wqe->first_try_ns = now;
-		qp->uc_lost_ns = 0;
-		return false;
-	}
 	if (!wqe->first_try_ns)
 		wqe->first_try_ns = now;
 	waited = now - wqe->first_try_ns;
+	/* Waiting for a way that is still being set up, while set-ups move,
+	 * does not fail the WR, up to SETUP_WAIT_NS: past that (a peer that
+	 * refuses us while other streams keep coming up) it fails as any
+	 * other.  Once set-ups stop, the budget counts from the first try. */
+	if (r == URDMA_TX_SETTING_UP && waited < SETUP_WAIT_NS)
+		return false;
 	/* UC waits for no responder: once messages have found no way to it
 	 * for a while (its QP is not there yet or is gone, the stream is not
 	 * up), they go into the void, as a NIC's would, and complete; those

@@ -130,9 +130,9 @@ void conn_sync_timeout(struct tcp_conn *c, struct urdma_qp *qp)
  * (0.54 s at timeout 14): counted from the post, most of their first WRs
  * failed with RETRY_EXC_ERR (11,014 of 16,384).  So while this process's
  * streams keep coming up (one did within the last SETUP_MOVING_NS, or the
- * budget if longer), a WR waiting for its stream does not spend its budget;
- * once set-ups stop moving (the peer's host is gone, or its QP refuses
- * us), the budget runs as it would on a NIC.  Only a stream that came up
+ * budget if longer), a WR waiting for its stream does not fail (for up to
+ * 30 s: sq.c); once set-ups stop moving (the peer's host is gone, or its
+ * QP refuses us), its budget counts from its first try, as on a NIC.  Only a stream that came up
  * counts: a connect that reaches a listener may end in a Reject, and be
  * tried again every RETRY_CONNECT_NS for ever.  The window is not the budget
  * alone: at timeout 10 (33 ms) set-ups paused that long now and then.
