@@ -9,7 +9,8 @@
 #
 #   8 B ib_send_lat / ib_write_lat one-way latency (t_typical)  vs UCX ucp_am_lat 8 B (p50)
 #   1 MiB ib_write_bw (GB/s = 1e9 B/s)   vs UCX UCT cma put_bw zcopy 1 MiB, libfabric shm fi_pingpong 1 MiB
-#   8 B ib_send_bw message rate (Mmsg/s) vs UCX ucp_am_bw 8 B message rate
+#   8 B ib_send_bw message rate (Mmsg/s), with 1, 2 and 4 QPs (-q), vs UCX
+#   ucp_am_bw 8 B message rate
 #   the same two sends over UD (-c UD; the rate as received, for 2 s)
 #
 # Usage: bench.sh [BUILD_DIR]   (default: <source>/build)
@@ -208,11 +209,12 @@ urdma_write_bw() {  # GB/s (1e9), 1 MiB ib_write_bw; perftest MB/sec is MiB/s
     VAL=$(perftest_row "$PAIR_LOG" | awk '{ printf "%.3f\n", $4 * 1048576 / 1e9 }')
 }
 
-urdma_send_rate() {  # Mmsg/s, 8 B ib_send_bw
-    local tag=ib_send_bw.$REP
+urdma_send_rate() {  # [QPS] -> Mmsg/s, 8 B ib_send_bw (-q QPS: all of them)
+    local q=${1:-1} tag=ib_send_bw.$REP
+    [ "$q" = 1 ] || tag=ib_send_bw-q$q.$REP
     next_port
-    pair "$tag" 40 "" "$URDMA" run ib_send_bw -d "$DEV" -p "$PORT" -F -s 8 -n 1000000 -- \
-        "$URDMA" run ib_send_bw -d "$DEV" -p "$PORT" -F -s 8 -n 1000000 127.0.0.1 || return 1
+    pair "$tag" 40 "" "$URDMA" run ib_send_bw -d "$DEV" -p "$PORT" -F -s 8 -q "$q" -n 1000000 -- \
+        "$URDMA" run ib_send_bw -d "$DEV" -p "$PORT" -F -s 8 -q "$q" -n 1000000 127.0.0.1 || return 1
     VAL=$(perftest_row "$PAIR_LOG" | awk '{ printf "%.3f\n", $5 }')
 }
 
@@ -263,7 +265,7 @@ fi_shm_bw() {  # GB/s; fi_pingpong MB/sec is 1e6 B/s
 # --- what can run ----------------------------------------------------------
 
 declare -A VALS=() FAILS=() NOTE=()
-ALL=(send_lat write_lat write_bw send_rate ud_lat ud_rate ucx_lat ucx_rate ucx_put fi_bw)
+ALL=(send_lat write_lat write_bw send_rate send_rate2 send_rate4 ud_lat ud_rate ucx_lat ucx_rate ucx_put fi_bw)
 RUNNABLE=()
 
 URDMA_OK=0
@@ -276,7 +278,7 @@ elif ! have ib_send_lat perftest; then
     NOTE[urdma]="perftest not installed"
 else
     URDMA_OK=1
-    RUNNABLE+=(send_lat write_lat write_bw send_rate ud_lat ud_rate)
+    RUNNABLE+=(send_lat write_lat write_bw send_rate send_rate2 send_rate4 ud_lat ud_rate)
 fi
 [ "$URDMA_OK" = 1 ] || say "bench: urdma figures n/a: ${NOTE[urdma]}"
 if have ucx_perftest ucx-utils; then RUNNABLE+=(ucx_lat ucx_rate ucx_put); fi
@@ -288,6 +290,8 @@ measure() {  # KEY -> function
         write_lat) urdma_lat ib_write_lat ;;
         write_bw) urdma_write_bw ;;
         send_rate) urdma_send_rate ;;
+        send_rate2) urdma_send_rate 2 ;;
+        send_rate4) urdma_send_rate 4 ;;
         ud_lat) urdma_lat ib_send_lat -c UD ;;
         ud_rate) urdma_ud_rate ;;
         ucx_lat) ucx_am_lat ;;
@@ -298,7 +302,7 @@ measure() {  # KEY -> function
 }
 
 # Interleaved order: each urdma metric next to its peer.
-ORDER=(send_lat ucx_lat write_lat write_bw ucx_put fi_bw send_rate ucx_rate ud_lat ud_rate)
+ORDER=(send_lat ucx_lat write_lat write_bw ucx_put fi_bw send_rate ucx_rate send_rate2 send_rate4 ud_lat ud_rate)
 say "bench: $REPS repetitions, budget ${BUDGET}s, logs in $LOGS"
 REP=0
 DONE_REPS=0
@@ -328,6 +332,7 @@ goal_met() {  # VALUE OP LIMIT
 }
 
 SL=$(med send_lat); WL=$(med write_lat); WB=$(med write_bw); SR=$(med send_rate)
+SR2=$(med send_rate2); SR4=$(med send_rate4)
 UL=$(med ucx_lat); UR=$(med ucx_rate); UP=$(med ucx_put); FB=$(med fi_bw)
 DL=$(med ud_lat); DR=$(med ud_rate)
 
@@ -343,7 +348,8 @@ row() {  # metric urdma peer-name peer goal-op goal-limit goal-text
          "($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), loopback," \
          "$PIN_TEXT, median of up to $DONE_REPS runs" \
          "(runs per metric: send_lat $(count send_lat), write_lat $(count write_lat)," \
-         "write_bw $(count write_bw), send_rate $(count send_rate), ud_lat $(count ud_lat)," \
+         "write_bw $(count write_bw), send_rate $(count send_rate) (-q 2 $(count send_rate2)," \
+         "-q 4 $(count send_rate4)), ud_lat $(count ud_lat)," \
          "ud_rate $(count ud_rate), ucx_lat $(count ucx_lat)," \
          "ucx_rate $(count ucx_rate), ucx_put $(count ucx_put), fi_bw $(count fi_bw)); GB = 1e9 B."
     echo
@@ -354,6 +360,8 @@ row() {  # metric urdma peer-name peer goal-op goal-limit goal-text
     row "1 MiB ib_write_bw, GB/s" "$WB" "UCX UCT cma put_bw zcopy 1 MiB" "$UP" ">=" 15 "≥ 15 GB/s"
     row "1 MiB ib_write_bw, GB/s" "$WB" "libfabric shm fi_pingpong 1 MiB" "$FB" ">=" 15 "≥ 15 GB/s"
     row "8 B ib_send_bw message rate, Mmsg/s" "$SR" "UCX ucp_am_bw 8 B rate (posix)" "$UR" ">=" 3 "≥ 3 Mmsg/s"
+    row "8 B ib_send_bw -q 2 message rate, Mmsg/s" "$SR2" "UCX ucp_am_bw 8 B rate (posix)" "$UR" ">=" 3 "≥ 3 Mmsg/s"
+    row "8 B ib_send_bw -q 4 message rate, Mmsg/s" "$SR4" "UCX ucp_am_bw 8 B rate (posix)" "$UR" ">=" 3 "≥ 3 Mmsg/s"
     row "8 B ib_send_lat -c UD one-way latency, µs (t_typical)" "$DL" "UCX ucp_am_lat 8 B p50 (posix)" "$UL" "<=" 1.0 "≤ 1.0 µs"
     row "8 B ib_send_bw -c UD rate received, Mmsg/s (2 s)" "$DR" "UCX ucp_am_bw 8 B rate (posix)" "$UR" ">=" 3 "≥ 3 Mmsg/s"
     echo
