@@ -239,18 +239,32 @@ void urdma_rq_invalidate(struct urdma_qp *qp, const struct urdma_rq_wr *pw,
 
 /* A completed Send whose payload the deliverer left in the entry
  * (URDMA_RQE_INLINE): copy it into the first buffer we posted, by what we
- * keep of it.  -1 if it can't be. */
+ * keep of it, through its MR (addr0 is an IOVA; the MR's pages are reached
+ * as any placement reaches them, not at the application's address).  An
+ * MR gone meanwhile: LOC_PROT_ERR.  -1 if it can't be. */
 static int rqe_inline(const struct urdma_qp *qp, const struct urdma_shm_rqe *e,
-		      const struct urdma_rq_wr *pw, const struct ibv_wc *w)
+		      const struct urdma_rq_wr *pw, struct ibv_wc *w)
 {
 	uint32_t n = READ_ONCE(e->inline_len);
+	uint64_t va, avail = n;
+	uint8_t *p = NULL;
+	bool direct;
 
 	if (!n)
 		return 0;
 	if (n != w->byte_len || n > URDMA_RQE_INLINE || n > pw->len0 ||
 	    w->opcode != IBV_WC_RECV || qp->ibqp.qp_type == IBV_QPT_UD)
 		return -1;
-	memcpy((void *)(uintptr_t)pw->addr0, e->sge, n);
+	if (!urdma_mr_lookup(qp->uctx->shm, pw->lkey0, pw->addr0, n,
+			     IBV_ACCESS_LOCAL_WRITE, qp->pd->id, URDMA_VIA_LOCAL,
+			     &va, &direct))
+		p = direct ? (uint8_t *)(uintptr_t)va : urdma_self_ptr(va, &avail);
+	if (p && avail >= n) {
+		memcpy(p, e->sge, n);
+	} else {
+		w->status = IBV_WC_LOC_PROT_ERR;
+		w->byte_len = 0;
+	}
 	return 0;
 }
 
@@ -335,6 +349,7 @@ void urdma_rqe_post(struct urdma_shm_rqe *e, uint32_t idx,
 	if (wr->num_sge) {
 		pw->addr0 = wr->sg_list[0].addr;
 		pw->len0 = wr->sg_list[0].length;
+		pw->lkey0 = wr->sg_list[0].lkey;
 	}
 }
 

@@ -249,9 +249,10 @@ struct urdma_shm_dest {
 struct urdma_rq_wr {
 	uint64_t wr_id;
 	uint64_t len;
-	/* The first SGE, where an inline payload goes (URDMA_RQE_INLINE). */
+	/* The first SGE, where an inline payload goes (URDMA_RQE_INLINE):
+	 * an address in its MR's IOVA space, resolved through the MR. */
 	uint64_t addr0;
-	uint32_t len0;
+	uint32_t len0, lkey0;
 	/* A Send with Invalidate that our own receive path (TCP) placed
 	 * and invalidated already; never read from the shared ring, where
 	 * a peer could claim it to keep its window alive. */

@@ -679,6 +679,60 @@ static void small_child(struct t_peer *p, void *arg)
 }
 
 /* ------------------------------------------------------------------ */
+/* Receives into an MR registered at an IOVA                           */
+/* ------------------------------------------------------------------ */
+
+/* The receive SGEs carry the MR's IOVA, not the buffer's address: small
+ * and larger Sends land in the buffer all the same. */
+#define RECV_IOVA 0x5a5a00000000ull
+
+static void iova_parent(struct t_peer *p, void *arg)
+{
+	struct side s;
+	side_open(&s, NULL, 4096);
+	t_connect_pair(p, &s.r, s.mr, NULL);
+	t_barrier(p); /* receives posted */
+	for (int i = 0; i < 4096; i++)
+		s.buf[i] = (char)(i * 7 + 1);
+	REQUIRE(t_post_send(s.r.qp, 1, IBV_WR_SEND, s.buf, 8, s.mr->lkey, IBV_SEND_SIGNALED, 0,
+			    0) == 0, "ibv_post_send 8");
+	t_expect_wc(s.r.send_cq, NULL, 1, IBV_WC_SUCCESS, IBV_WC_SEND, "Send of 8 bytes");
+	REQUIRE(t_post_send(s.r.qp, 2, IBV_WR_SEND, s.buf, 300, s.mr->lkey, IBV_SEND_SIGNALED, 0,
+			    0) == 0, "ibv_post_send 300");
+	t_expect_wc(s.r.send_cq, NULL, 2, IBV_WC_SUCCESS, IBV_WC_SEND, "Send of 300 bytes");
+	t_barrier(p);
+	side_close(&s);
+}
+
+static void iova_child(struct t_peer *p, void *arg)
+{
+	struct side s;
+	side_open(&s, NULL, 4096);
+	t_connect_pair(p, &s.r, s.mr, NULL);
+	char *buf = t_alloc(4096);
+	struct ibv_mr *mr = ibv_reg_mr_iova(s.r.pd, buf, 4096, RECV_IOVA, IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(mr != NULL, "ibv_reg_mr_iova: %s", strerror(errno));
+	REQUIRE(t_post_recv(s.r.qp, 1, (void *)(uintptr_t)(RECV_IOVA + 16), 64, mr->lkey) == 0,
+		"ibv_post_recv at the IOVA");
+	REQUIRE(t_post_recv(s.r.qp, 2, (void *)(uintptr_t)(RECV_IOVA + 1024), 1024, mr->lkey) == 0,
+		"ibv_post_recv at the IOVA");
+	t_barrier(p);
+	struct ibv_wc wc;
+	t_expect_wc(s.r.recv_cq, &wc, 1, IBV_WC_SUCCESS, IBV_WC_RECV, "receive of 8 bytes");
+	t_expect_wc(s.r.recv_cq, &wc, 2, IBV_WC_SUCCESS, IBV_WC_RECV, "receive of 300 bytes");
+	for (int i = 0; i < 8; i++)
+		if (!CHECK(buf[16 + i] == (char)(i * 7 + 1), "8-byte receive: byte %d", i))
+			break;
+	for (int i = 0; i < 300; i++)
+		if (!CHECK(buf[1024 + i] == (char)(i * 7 + 1), "300-byte receive: byte %d", i))
+			break;
+	t_barrier(p);
+	CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
+	free(buf);
+	side_close(&s);
+}
+
+/* ------------------------------------------------------------------ */
 /* ibv_resize_cq keeps the completions already in the CQ               */
 /* ------------------------------------------------------------------ */
 
@@ -882,6 +936,7 @@ int main(int argc, char **argv)
 	t_pair("rc_ordering", order_parent, order_child, NULL);
 	t_pair("send_before_peer_ready", early_parent, early_child, NULL);
 	t_pair("recv_buffer_too_small", small_parent, small_child, NULL);
+	t_pair("recv_into_iova_mr", iova_parent, iova_child, NULL);
 	t_pair("cq_resize_keeps_completions", resize_parent, resize_child, NULL);
 	t_pair("both_sides_send_at_once", xsend_parent, xsend_child, NULL);
 	t_pair("receiver_gone_after_last_needed", gone_parent, gone_child, NULL);
