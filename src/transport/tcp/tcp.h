@@ -310,8 +310,6 @@ uint32_t tcp_put_tagged(uint8_t *h, unsigned op, uint32_t stag,
 			   uint64_t to);
 int tx_ctrl(struct tcp_conn *c, unsigned op, uint32_t qn,
 		   const void *body, uint32_t blen);
-int tx_ctrl_ulp(struct tcp_conn *c, unsigned op, uint32_t qn,
-		const void *body, uint32_t blen, uint32_t ulp);
 void term_frame(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
 		       uint32_t hdr_len);
 void tx_fin(struct tcp_conn *c);

@@ -129,23 +129,22 @@ void conn_sync_timeout(struct tcp_conn *c, struct urdma_qp *qp)
  * seconds (3,000 to 5,000 streams a second here), more than a retry budget
  * (0.54 s at timeout 14): counted from the post, most of their first WRs
  * failed with RETRY_EXC_ERR (11,014 of 16,384).  So while this process's
- * streams keep coming up (one did within the last SETUP_MOVING_NS, or the
- * budget if longer), a WR waiting for its stream does not fail (for up to
- * 30 s: sq.c); once set-ups stop moving (the peer's host is gone, or its
- * QP refuses us), its budget counts from its first try, as on a NIC.  Only a stream that came up
- * counts: a connect that reaches a listener may end in a Reject, and be
- * tried again every RETRY_CONNECT_NS for ever.  The window is not the budget
- * alone: at timeout 10 (33 ms) set-ups paused that long now and then.
+ * streams keep coming up, a WR waiting for its stream does not fail (for
+ * up to 30 s: sq.c); once set-ups stop moving (the peer's host is gone, or
+ * its QP refuses us), its budget counts from its first try, as on a NIC.
+ * "Keep coming up": one came up within the last SETUP_MOVING_NS, or the
+ * budget if longer (at timeout 10, 33 ms, set-ups paused that long now and
+ * then).  Only a stream that came up counts: a connect that reaches a
+ * listener may end in a Reject, and be tried again every RETRY_CONNECT_NS
+ * for ever.
  */
 #define SETUP_MOVING_NS 1000000000ull
 bool tcp_setup_moving(const struct urdma_qp *qp)
 {
 	uint64_t budget = urdma_qp_retry_ns(qp);
+	uint64_t window = budget > SETUP_MOVING_NS ? budget : SETUP_MOVING_NS;
 
-	if (budget < SETUP_MOVING_NS)
-		budget = SETUP_MOVING_NS;
-	return urdma_qp_retry_ns(qp) &&
-	       urdma_now_ns() - atomic_load(&T.moved_ns) < budget;
+	return budget && urdma_now_ns() - atomic_load(&T.moved_ns) < window;
 }
 
 /* The stream is up.  Under T.lock. */

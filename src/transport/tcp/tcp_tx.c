@@ -685,37 +685,39 @@ uint32_t tcp_put_tagged(uint8_t *h, unsigned op, uint32_t stag,
 	return sizeof(t);
 }
 
-/* An untagged control message with a fixed body.  Under tx_lock. */
+/* An untagged control message with a fixed body (an RDMAP struct: at most
+ * CTRL_BODY bytes) into h, its MSN taken now: its length. */
+#define CTRL_BODY 64
+static_assert(sizeof(struct rdmap_atomic_req) <= CTRL_BODY, "ctrl body");
+static uint32_t ctrl_put(struct tcp_conn *c, uint8_t *h, unsigned op,
+			 uint32_t qn, const void *body, uint32_t blen,
+			 uint32_t ulp)
+{
+	uint32_t n = tcp_put_untagged_inv(h, op, qn, c->tx_msn[qn]++, ulp);
+
+	memcpy(h + n, body, blen);
+	return n + blen;
+}
+
+/* Send one now.  Under tx_lock. */
 int tx_ctrl(struct tcp_conn *c, unsigned op, uint32_t qn,
 		   const void *body, uint32_t blen)
 {
-	return tx_ctrl_ulp(c, op, qn, body, blen, 0);
+	uint8_t h[sizeof(struct ddp_untagged_hdr) + CTRL_BODY];
+
+	return tx_msg(c, h, ctrl_put(c, h, op, qn, body, blen, 0), NULL, 0, 0);
 }
 
-/* The same, with DDP's field reserved for the ULP (an XRC SRQ number). */
-int tx_ctrl_ulp(struct tcp_conn *c, unsigned op, uint32_t qn,
-		const void *body, uint32_t blen, uint32_t ulp)
-{
-	uint8_t h[sizeof(struct ddp_untagged_hdr) + 64];
-	uint32_t n = tcp_put_untagged_inv(h, op, qn, c->tx_msn[qn]++, ulp);
-
-	memcpy(h + n, body, blen);
-	return tx_msg(c, h, n + blen, NULL, 0, 0);
-}
-
-/* Such a message framed whole into s (its MSN taken now), for tx_msg to
- * send with the next message (tx_head, tx_tail).  Under tx_lock. */
+/* Frame one whole into s, for tx_msg to send with the next message
+ * (tx_head, tx_tail); ulp: DDP's field reserved for the ULP (an XRC SRQ
+ * number).  Under tx_lock. */
 void tx_frame_ctrl(struct tcp_conn *c, struct tx_seg *s, unsigned op,
 		   uint32_t qn, const void *body, uint32_t blen, uint32_t ulp)
 {
-	uint8_t h[sizeof(struct ddp_untagged_hdr) +
-		  sizeof(struct rdmap_read_req)];
-	uint32_t n = tcp_put_untagged_inv(h, op, qn, c->tx_msn[qn]++, ulp);
+	uint8_t h[sizeof(struct ddp_untagged_hdr) + CTRL_BODY];
 
-	if (blen > sizeof(h) - n)
-		abort(); /* (callers pass an Immediate Data or a Read) */
-	memcpy(h + n, body, blen);
-	seg_close(c, s, seg_open(c, s, h, n + blen, 0, 0, true));
+	seg_close(c, s, seg_open(c, s, h, ctrl_put(c, h, op, qn, body, blen, ulp),
+				 0, 0, true));
 }
 
 /* Frame the Terminate for the segment whose DDP header is at hdr, in the
