@@ -274,7 +274,7 @@ int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
 					    memory_order_acquire);
 	uint32_t prod = atomic_load_explicit(&qp->rq_prod,
 					     memory_order_acquire);
-	uint32_t poll = qp->rq_poll, limit;
+	uint32_t poll = qp->rq_poll;
 	int n = 0;
 
 	if (!flushed &&
@@ -283,19 +283,19 @@ int urdma_qp_harvest(struct urdma_qp *qp, struct ibv_wc *wc, int max)
 	/* Completed entries, in order, among those posted: an entry's tag
 	 * tells (shared.h).  Flushed, every posted entry is taken: those
 	 * not completed as flushed. */
-	limit = prod;
-	while (n < max && poll != limit) {
+	while (n < max && poll != prod) {
 		const struct urdma_rq_wr *pw = &qp->rq_wr[poll & (qp->rq.size - 1)];
+		const struct urdma_shm_rqe *e = urdma_rq_entry(qp, poll);
 		struct ibv_wc *w = &wc[n];
-		bool done = urdma_rqe_done(urdma_rq_entry(qp, poll), poll);
+		bool done = urdma_rqe_done(e, poll);
 
 		if (!flushed && !done)
 			break;
 		memset(w, 0, sizeof(*w));
 		if (!done ||
-		    urdma_rqe_take(urdma_rq_entry(qp, poll), pw->len,
-				   qp->ibqp.qp_type == IBV_QPT_UD, w) ||
-		    rqe_inline(qp, urdma_rq_entry(qp, poll), pw, w)) {
+		    urdma_rqe_take(e, pw->len, qp->ibqp.qp_type == IBV_QPT_UD,
+				   w) ||
+		    rqe_inline(qp, e, pw, w)) {
 			if (!flushed) {
 				rq_bad(qp, "a completion that can't be, at",
 				       poll, prod);

@@ -788,13 +788,14 @@ int urdma_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 int urdma_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 		    struct ibv_recv_wr **bad);
 
-/* Is GID g (16 bytes) a multicast group's: IPv6 (ff00::/8), or an IPv4
- * group's address mapped (::ffff:224.0.0.0/100), as RoCE has them? */
+/* Is GID g (16 bytes) link-local (fe80::/10)? */
 static inline bool urdma_gid_is_linklocal(const uint8_t *g)
 {
 	return g[0] == 0xfe && (g[1] & 0xc0) == 0x80;
 }
 
+/* Is GID g (16 bytes) a multicast group's: IPv6 (ff00::/8), or an IPv4
+ * group's address mapped (::ffff:224.0.0.0/100), as RoCE has them? */
 static inline bool urdma_gid_is_mcast(const uint8_t *g)
 {
 	static const uint8_t v4[12] = { [10] = 0xff, [11] = 0xff };
