@@ -305,55 +305,47 @@ static void scene_close(struct t_peer *p, struct scene *s)
 	victim_close(&s->v);
 }
 
-/* rq_done, the deliverers' own mark, moved far ahead.  The owner takes
- * completions by each entry's tag and never reads it: no completion is
- * made up.  The sender finds the ring corrupt: its Send fails (REM_OP_ERR)
- * and the victim's QP goes to ERR as a responder's does for a request it
- * cannot take (QP_ACCESS_ERR), its receives flushed. */
-static void done_forward(struct t_peer *p, void *arg)
+/* rq_done, the deliverers' own mark, moved after `first` messages arrived:
+ * - far ahead: the owner takes completions by each entry's tag and never
+ *   reads it, so no completion is made up; the sender finds the ring
+ *   corrupt;
+ * - back onto a receive the owner already took (and has not posted
+ *   again): a sender that trusted it would copy through that slot's old
+ *   SGEs into memory no longer lent to the queue, and its Send would
+ *   complete with no completion at the receiver; the slot's tag says it is
+ *   not posted.
+ * Either way the next Send fails (REM_OP_ERR) and the victim's QP goes to
+ * ERR as a responder's does for a request it cannot take (QP_ACCESS_ERR),
+ * its receives flushed.  Over TCP the victim's own receive path finds it:
+ * QP_FATAL. */
+struct moved {
+	int first;
+	int32_t delta;
+	enum ibv_event_type want;
+};
+static const struct moved done_forward = { 1, 100000, IBV_EVENT_QP_ACCESS_ERR },
+			  done_backward = { 2, -2, IBV_EVENT_QP_ACCESS_ERR },
+			  done_backward_tcp = { 2, -2, IBV_EVENT_QP_FATAL };
+
+static void done_moved(struct t_peer *p, void *arg)
 {
+	const struct moved *m = arg;
 	struct scene s;
 	int ok, bad, fl;
 
-	if (scene_open(p, &s, NRECV, 1, false)) {
-		count_recvs(&s.v, 1, &ok, &bad, &fl);
-		CHECK(ok == 1, "the first message arrived (%d)", ok);
-		atomic_fetch_add(&s.q->rq_done, 100000);
-		CHECK(send_some(p, 1) == 0, "a Send into a ring that looks corrupt");
-		count_recvs(&s.v, NRECV - 1, &ok, &bad, &fl);
-		CHECK(ok == 0 && bad == 0 && fl == NRECV - 1,
+	if (scene_open(p, &s, NRECV, m->first, false)) {
+		count_recvs(&s.v, m->first, &ok, &bad, &fl);
+		CHECK(ok == m->first, "the first messages arrived (%d of %d)", ok, m->first);
+		atomic_fetch_add(&s.q->rq_done, (uint32_t)m->delta);
+		CHECK(send_some(p, 1) == 0, "a Send into a ring whose mark moved by %d",
+		      (int)m->delta);
+		count_recvs(&s.v, NRECV - m->first, &ok, &bad, &fl);
+		CHECK(ok == 0 && bad == 0 && fl == NRECV - m->first,
 		      "after the scribble: %d ok, %d errors, %d flushed (want 0, 0, %d)", ok,
-		      bad, fl, NRECV - 1);
-		CHECK(wait_qp_event(&s.v, WAIT_MS) == IBV_EVENT_QP_ACCESS_ERR, "QP_ACCESS_ERR");
+		      bad, fl, NRECV - m->first);
+		CHECK(wait_qp_event(&s.v, WAIT_MS) == (int)m->want, "%s",
+		      ibv_event_type_str(m->want));
 		CHECK(t_qp_state(s.v.r.qp) == IBV_QPS_ERR, "the QP is in ERR");
-	}
-	scene_close(p, &s);
-}
-
-/* rq_done moved back onto a receive the owner already took (and has not
- * posted again): a sender that trusted it would copy through that slot's
- * old SGEs into memory no longer lent to the queue, and its Send would
- * complete with no completion at the receiver.  The slot's tag says it is
- * not posted: the Send fails and the victim goes to ERR, as for a request
- * it cannot take (QP_ACCESS_ERR).  Over TCP (arg) the victim's own receive
- * path finds it: QP_FATAL. */
-static void done_backward(struct t_peer *p, void *arg)
-{
-	enum ibv_event_type want = arg ? IBV_EVENT_QP_FATAL : IBV_EVENT_QP_ACCESS_ERR;
-	struct scene s;
-	int ok, bad, fl;
-
-	if (scene_open(p, &s, NRECV, 2, false)) {
-		count_recvs(&s.v, 2, &ok, &bad, &fl);
-		CHECK(ok == 2, "the first messages arrived (%d)", ok);
-		atomic_fetch_sub(&s.q->rq_done, 2);
-		CHECK(send_some(p, 1) == 0, "a Send into a receive already taken");
-		count_recvs(&s.v, NRECV - 2, &ok, &bad, &fl);
-		CHECK(ok == 0 && bad == 0 && fl == NRECV - 2,
-		      "after the scribble: %d ok, %d errors, %d flushed (want 0, 0, %d)", ok,
-		      bad, fl, NRECV - 2);
-		CHECK(wait_qp_event(&s.v, WAIT_MS) == (int)want, "%s",
-		      ibv_event_type_str(want));
 	}
 	scene_close(p, &s);
 }
@@ -1070,11 +1062,11 @@ int main(int argc, char **argv)
 	setenv("URDMA_TRANSPORT", "shm", 1);
 	t_init(argc, argv);
 	t_set_case_timeout(40);
-	t_pair("done_forward", done_forward, sender, NULL);
-	t_pair("done_backward", done_backward, sender, NULL);
+	t_pair("done_forward", done_moved, sender, (void *)&done_forward);
+	t_pair("done_backward", done_moved, sender, (void *)&done_backward);
 	/* The same over TCP: the victim's receive path reads rq_done. */
 	setenv("URDMA_TRANSPORT", "tcp", 1);
-	t_pair("done_backward_tcp", done_backward, sender, (void *)1);
+	t_pair("done_backward_tcp", done_moved, sender, (void *)&done_backward_tcp);
 	setenv("URDMA_TRANSPORT", "shm", 1);
 	t_pair("done_past_prod", done_past_prod, sender, NULL);
 	t_pair("geometry_after_connect", geometry_after_connect, sender, NULL);

@@ -27,6 +27,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -41,10 +42,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-struct info {
-	uint32_t qpn;
-};
 
 struct hello {
 	union ibv_gid gid;
@@ -152,11 +149,16 @@ static void eat_fds(long room)
 {
 	struct rlimit rl;
 	int top = -1, fd;
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *de;
 
+	if (!d)
+		DIE("/proc/self/fd: %m");
+	while ((de = readdir(d)))
+		if (atoi(de->d_name) > top)
+			top = atoi(de->d_name);
+	closedir(d);
 	getrlimit(RLIMIT_NOFILE, &rl);
-	for (fd = 0; fd < 1 << 20; fd++)
-		if (fcntl(fd, F_GETFD) >= 0)
-			top = fd;
 	while ((fd = open("/dev/null", O_RDONLY)) >= 0 && fd < top)
 		;
 	if (fd > top)
@@ -186,8 +188,8 @@ static int run(int sock, bool writer, int n, const char *limit)
 	struct ibv_cq *cq;
 	struct ibv_mr *mr;
 	struct ibv_qp **qps = calloc(n, sizeof(*qps));
-	struct info *mine = calloc(n, sizeof(*mine)),
-		    *theirs = calloc(n, sizeof(*theirs));
+	uint32_t *mine = calloc(n, sizeof(*mine)),
+		 *theirs = calloc(n, sizeof(*theirs)); /* QPNs, 0: none */
 	struct hello me = { 0 }, peer;
 	uint64_t *slots;
 	size_t slen = (size_t)n * 8;
@@ -236,11 +238,9 @@ static int run(int sock, bool writer, int n, const char *limit)
 			first_err = errno;
 			break;
 		}
-		mine[made].qpn = qps[made]->qp_num;
+		mine[made] = qps[made]->qp_num;
 	}
 	t_create = now_s() - t0;
-	for (int i = made; i < n; i++)
-		mine[i].qpn = 0;
 	xfer(sock, &me, sizeof(me), true);
 	xfer(sock, mine, n * sizeof(*mine), true);
 	xfer(sock, &peer, sizeof(peer), false);
@@ -254,7 +254,7 @@ static int run(int sock, bool writer, int n, const char *limit)
 		};
 		int r;
 
-		if (!theirs[i].qpn)
+		if (!theirs[i])
 			continue;
 		r = ibv_modify_qp(qps[i], &a,
 				  IBV_QP_STATE | IBV_QP_PKEY_INDEX |
@@ -263,7 +263,7 @@ static int run(int sock, bool writer, int n, const char *limit)
 			a = (struct ibv_qp_attr){
 				.qp_state = IBV_QPS_RTR,
 				.path_mtu = IBV_MTU_1024,
-				.dest_qp_num = theirs[i].qpn,
+				.dest_qp_num = theirs[i],
 				.max_dest_rd_atomic = 1,
 				.min_rnr_timer = 12,
 				.ah_attr = { .is_global = 1, .port_num = 1,
