@@ -27,8 +27,8 @@
 # BENCH_CM_BUDGET seconds default 120, BENCH_CM_CONNS default 200).
 # Then ibv_reg_mr and fork cost next to memcpy (bench_reg below, BENCH_REG=0
 # leaves it out), 16,384 QPs on each transport (bench_scale below,
-# BENCH_SCALE=0 leaves it out), and the urdma API's echo next to kernel TCP and raw verbs
-# (bench_api below, BENCH_API=0 leaves it out).  Last, Open MPI and UCX on
+# BENCH_SCALE=0 leaves it out), and the urdma API's echo next to kernel TCP
+# and raw verbs (bench_api below, BENCH_API=0 leaves it out).  Last, Open MPI and UCX on
 # urdma next to their own shared memory and TCP (bench/middleware.sh,
 # BENCH_MW=0 leaves it out).
 # Environment: BENCH_REPS (default 5), BENCH_BUDGET seconds (default 240;
@@ -853,9 +853,8 @@ bench_api() {
 
 # Many QPs (tests/scale/qp_scale.c): BENCH_QPS (default 16384) RC QPs
 # between two processes on each transport, created, connected, a Write each,
-# destroyed; rates and memory per idle QP, as qp_scale prints them.  Over
-# TCP with the timeout attribute 18 (see qp_scale's header).  BENCH_SCALE=0
-# leaves it out.
+# destroyed; rates and memory per idle QP, as qp_scale prints them.
+# BENCH_SCALE=0 leaves it out.
 bench_scale() {
     local tr n=${BENCH_QPS:-16384}
     {

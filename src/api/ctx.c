@@ -43,7 +43,7 @@
 #define CQ_BATCH 32
 #define CQ_PER_POLL 512 /* completions one urdma_poll takes at most */
 #define DEF_SPIN_US 30
-#define SPIN_MISSES 8	/* waits in a row that a spin would not meet */
+#define SPIN_MISSES 8	/* waits in a row over SPIN_LONG_NS: sleep at once */
 /* A wait longer than this is a miss: shorter ones still gain from the
  * spin (it keeps the stream polled), even when they outlast it. */
 #define SPIN_LONG_NS 1000000ull

@@ -39,8 +39,9 @@ fi
 scale_case "shm: max_qp, then ENOMEM" shm 120 --max
 # The Writes go right after RTS, while the streams still come up (3,000 to
 # 5,000 a second here), at the default timeout 14 (a retry budget of
-# 0.54 s): waiting for a stream that is being set up costs no budget
-# (tcp_setup_moving); when it did, 11,014 of 16,384 Writes failed.
+# 0.54 s): a WR waiting for a stream does not fail while streams keep
+# coming up (tcp_setup_moving); when the budget ran from the post, 11,014
+# of 16,384 Writes failed.
 NTCP=16384
 HARD=$(ulimit -Hn)
 if [ "$HARD" != unlimited ] && [ "$HARD" -lt $((NTCP + 1000)) ]; then
