@@ -685,6 +685,9 @@ static void small_child(struct t_peer *p, void *arg)
 /* The receive SGEs carry the MR's IOVA, not the buffer's address: small
  * and larger Sends land in the buffer all the same. */
 #define RECV_IOVA 0x5a5a00000000ull
+/* Receive i: iova_lens[i] bytes at RECV_IOVA + iova_offs[i] (an inline
+ * one over shared memory, and one that is not) */
+static const uint32_t iova_lens[] = { 8, 300 }, iova_offs[] = { 16, 1024 };
 
 static void iova_parent(struct t_peer *p, void *arg)
 {
@@ -694,12 +697,11 @@ static void iova_parent(struct t_peer *p, void *arg)
 	t_barrier(p); /* receives posted */
 	for (int i = 0; i < 4096; i++)
 		s.buf[i] = (char)(i * 7 + 1);
-	REQUIRE(t_post_send(s.r.qp, 1, IBV_WR_SEND, s.buf, 8, s.mr->lkey, IBV_SEND_SIGNALED, 0,
-			    0) == 0, "ibv_post_send 8");
-	t_expect_wc(s.r.send_cq, NULL, 1, IBV_WC_SUCCESS, IBV_WC_SEND, "Send of 8 bytes");
-	REQUIRE(t_post_send(s.r.qp, 2, IBV_WR_SEND, s.buf, 300, s.mr->lkey, IBV_SEND_SIGNALED, 0,
-			    0) == 0, "ibv_post_send 300");
-	t_expect_wc(s.r.send_cq, NULL, 2, IBV_WC_SUCCESS, IBV_WC_SEND, "Send of 300 bytes");
+	for (int k = 0; k < 2; k++) {
+		REQUIRE(t_post_send(s.r.qp, (uint64_t)k, IBV_WR_SEND, s.buf, iova_lens[k],
+				    s.mr->lkey, IBV_SEND_SIGNALED, 0, 0) == 0, "ibv_post_send");
+		t_expect_wc(s.r.send_cq, NULL, (uint64_t)k, IBV_WC_SUCCESS, IBV_WC_SEND, "Send");
+	}
 	t_barrier(p);
 	side_close(&s);
 }
@@ -712,20 +714,21 @@ static void iova_child(struct t_peer *p, void *arg)
 	char *buf = t_alloc(4096);
 	struct ibv_mr *mr = ibv_reg_mr_iova(s.r.pd, buf, 4096, RECV_IOVA, IBV_ACCESS_LOCAL_WRITE);
 	REQUIRE(mr != NULL, "ibv_reg_mr_iova: %s", strerror(errno));
-	REQUIRE(t_post_recv(s.r.qp, 1, (void *)(uintptr_t)(RECV_IOVA + 16), 64, mr->lkey) == 0,
-		"ibv_post_recv at the IOVA");
-	REQUIRE(t_post_recv(s.r.qp, 2, (void *)(uintptr_t)(RECV_IOVA + 1024), 1024, mr->lkey) == 0,
-		"ibv_post_recv at the IOVA");
+	for (int k = 0; k < 2; k++)
+		REQUIRE(t_post_recv(s.r.qp, (uint64_t)k,
+				    (void *)(uintptr_t)(RECV_IOVA + iova_offs[k]), 400,
+				    mr->lkey) == 0, "ibv_post_recv at the IOVA");
 	t_barrier(p);
-	struct ibv_wc wc;
-	t_expect_wc(s.r.recv_cq, &wc, 1, IBV_WC_SUCCESS, IBV_WC_RECV, "receive of 8 bytes");
-	t_expect_wc(s.r.recv_cq, &wc, 2, IBV_WC_SUCCESS, IBV_WC_RECV, "receive of 300 bytes");
-	for (int i = 0; i < 8; i++)
-		if (!CHECK(buf[16 + i] == (char)(i * 7 + 1), "8-byte receive: byte %d", i))
-			break;
-	for (int i = 0; i < 300; i++)
-		if (!CHECK(buf[1024 + i] == (char)(i * 7 + 1), "300-byte receive: byte %d", i))
-			break;
+	for (int k = 0; k < 2; k++) {
+		struct ibv_wc wc;
+		t_expect_wc(s.r.recv_cq, &wc, (uint64_t)k, IBV_WC_SUCCESS, IBV_WC_RECV, "receive");
+		CHECK(wc.byte_len == iova_lens[k], "receive %d: %u bytes, not %u", k, wc.byte_len,
+		      iova_lens[k]);
+		for (uint32_t i = 0; i < iova_lens[k]; i++)
+			if (!CHECK(buf[iova_offs[k] + i] == (char)(i * 7 + 1),
+				   "%u-byte receive: byte %u", iova_lens[k], i))
+				break;
+	}
 	t_barrier(p);
 	CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
 	free(buf);
