@@ -590,14 +590,26 @@ static int ctx_alive(uint32_t ctx_id)
 	return fd == -ENOENT || fd == -ECONNREFUSED ? -1 : 0;
 }
 
+int urdma_host_rec_live(const char *kind, uint32_t num,
+			struct urdma_qp_rec *rec)
+{
+	int ret = urdma_host_rec_find(kind, num, rec);
+
+	if (ret == -EINVAL)
+		return -ESTALE;
+	if (ret)
+		return ret;
+	/* A context we hold a live connection to, or one of our own, needs
+	 * no knock on its socket (which wakes its process). */
+	if (urdma_peer_known(rec->ctx_id))
+		return 0;
+	return ctx_alive(rec->ctx_id) < 0 ? -ESTALE : 0;
+}
+
 bool urdma_host_rec_stale(const char *kind, uint32_t num)
 {
-	struct urdma_qp_rec rec;
-	int ret = urdma_host_rec_find(kind, num, &rec);
-
-	if (ret == -ENOENT)
-		return false;
-	return ret == -EINVAL || ctx_alive(rec.ctx_id) < 0;
+	return urdma_host_rec_live(kind, num, &(struct urdma_qp_rec){ 0 }) ==
+	       -ESTALE;
 }
 
 DIR *urdma_host_opendir(void)

@@ -373,6 +373,23 @@ void urdma_peer_set(struct urdma_peer **slot, struct urdma_peer *p)
 	urdma_peer_put(old);
 }
 
+bool urdma_peer_known(uint32_t ctx_id)
+{
+	struct urdma_peer *p;
+	bool known;
+
+	pthread_mutex_lock(&urdma_proc.lock);
+	known = urdma_host_own_mrs(ctx_id) >= 0;
+	list_for_each_entry(p, &peers, node) {
+		if (known)
+			break;
+		known = p->ctx_id == ctx_id && !atomic_load(&p->dead) &&
+			atomic_load(&p->state) != PEER_FAILED;
+	}
+	pthread_mutex_unlock(&urdma_proc.lock);
+	return known;
+}
+
 bool urdma_peer_dead(struct urdma_peer *p)
 {
 	return atomic_load_explicit(&p->dead, memory_order_relaxed);

@@ -389,6 +389,7 @@ struct urdma_qp {
 	uint32_t inv_next;
 	uint32_t peer_ctx;
 	bool peer_stale; /* look for the record again */
+	bool peer_rec_read; /* peer_ctx, _va, _size: its record, just read */
 	uint64_t peer_pause_ns, peer_retry_ns; /* shm_attach's back-off */
 	uint64_t uc_lost_ns; /* UC: since when no WR has found the responder */
 	/* UD over shm: the QPs datagrams went to (shm_ud.c), under sq_lock;
@@ -496,6 +497,10 @@ int urdma_host_rec_publish(const char *kind, uint32_t num, uint32_t ctx_id,
 void urdma_host_rec_unpublish(const char *kind, uint32_t num);
 int urdma_host_rec_find(const char *kind, uint32_t num,
 			struct urdma_qp_rec *rec);
+/* Read <kind>-<num> and check its context is there: 0; -ESTALE (malformed,
+ * or it names a context nobody listens for); else as urdma_host_rec_find. */
+int urdma_host_rec_live(const char *kind, uint32_t num,
+			struct urdma_qp_rec *rec);
 /* <kind>-<num> is malformed or names a context nobody listens for. */
 bool urdma_host_rec_stale(const char *kind, uint32_t num);
 /* The host directory, to read (NULL if shared memory is off). */
@@ -548,6 +553,9 @@ void urdma_peer_set(struct urdma_peer **slot, struct urdma_peer *p);
 int urdma_peer_wait(struct urdma_peer *p, int timeout_ms);
 bool urdma_peer_ready(struct urdma_peer *p);
 bool urdma_peer_dead(struct urdma_peer *p);
+/* ctx_id is one of our contexts, or a peer we are connected to and have
+ * not seen die. */
+bool urdma_peer_known(uint32_t ctx_id);
 pid_t urdma_peer_pid(struct urdma_peer *p);
 /* Check (key, addr, len) against an MR table, for an access through the
  * owner's QP `via` (URDMA_VIA_LOCAL: a local SGE, which no memory window

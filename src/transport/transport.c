@@ -53,6 +53,7 @@ const struct urdma_transport_ops *urdma_pick_transport(struct urdma_qp *qp,
 {
 	const char *e = getenv("URDMA_TRANSPORT");
 	const struct urdma_transport_ops *tr;
+	struct urdma_qp_rec rec;
 
 	/* A UD QP's datagrams each go where their WR says, on this host. */
 	if (qp->ibqp.qp_type == IBV_QPT_UD)
@@ -64,10 +65,14 @@ const struct urdma_transport_ops *urdma_pick_transport(struct urdma_qp *qp,
 	else if (a->ah_attr.is_global &&
 		 !urdma_gid_is_local(qp->uctx, a->ah_attr.grh.dgid.raw))
 		tr = &urdma_tcp_transport;
-	else if (!urdma_host_rec_stale("qp", a->dest_qp_num) &&
-		 !urdma_host_qp_find(a->dest_qp_num, &(struct urdma_qp_rec){ 0 }))
+	else if (!urdma_host_rec_live("qp", a->dest_qp_num, &rec)) {
 		tr = &urdma_shm_transport;
-	else {
+		/* shm_attach starts from this record: no second read */
+		qp->peer_ctx = rec.ctx_id;
+		qp->peer_va = rec.va;
+		qp->peer_size = rec.size;
+		qp->peer_rec_read = true;
+	} else {
 		urdma_info("qp %#x: QP %#x on this host is not one of this "
 			   "user's: TCP over %s", qp->ibqp.qp_num,
 			   a->dest_qp_num,

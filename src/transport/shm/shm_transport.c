@@ -55,15 +55,18 @@ static uint32_t peer_kind(enum ibv_qp_type t)
 				       t;
 }
 
+static bool rec_ok(const struct urdma_qp_rec *rec)
+{
+	return rec->size >= sizeof(struct urdma_shm_qp) &&
+	       rec->size <= URDMA_SHM_BLOCK_MAX && !(rec->va & 4095) &&
+	       !(rec->va >> URDMA_VA_BITS);
+}
+
 int urdma_shm_rec_find(uint32_t qpn, struct urdma_qp_rec *rec)
 {
 	int ret = urdma_host_qp_find(qpn, rec);
 
-	if (!ret && (rec->size < sizeof(struct urdma_shm_qp) ||
-		     rec->size > URDMA_SHM_BLOCK_MAX || (rec->va & 4095) ||
-		     rec->va >> URDMA_VA_BITS))
-		ret = -EINVAL;
-	return ret;
+	return !ret && !rec_ok(rec) ? -EINVAL : ret;
 }
 
 struct urdma_shm_qp *urdma_shm_qp_map(struct urdma_peer *peer,
@@ -88,9 +91,11 @@ static int shm_attach(struct urdma_qp *qp, int wait_ms)
 	uint32_t qpn = qp->attr.dest_qp_num;
 	struct urdma_qp_rec rec;
 	struct urdma_shm_qp *h;
+	bool rec_read = qp->peer_rec_read; /* urdma_pick_transport read it */
 	uint32_t type;
 	int ret;
 
+	qp->peer_rec_read = false;
 	if (!qp->peer || qp->peer_stale) {
 		struct urdma_peer *p;
 
@@ -98,7 +103,14 @@ static int shm_attach(struct urdma_qp *qp, int wait_ms)
 		 * again after a pause that doubles, not at every retry. */
 		if (qp->peer_retry_ns && urdma_now_ns() < qp->peer_retry_ns)
 			return -EAGAIN;
-		ret = urdma_shm_rec_find(qpn, &rec);
+		if (rec_read) {
+			rec = (struct urdma_qp_rec){ .ctx_id = qp->peer_ctx,
+						     .va = qp->peer_va,
+						     .size = qp->peer_size };
+			ret = rec_ok(&rec) ? 0 : -EINVAL;
+		} else {
+			ret = urdma_shm_rec_find(qpn, &rec);
+		}
 		if (ret)
 			return ret;
 		p = urdma_peer_get(rec.ctx_id);
@@ -182,7 +194,7 @@ static void shm_disconnect(struct urdma_qp *qp)
 	qp->dst.ring = NULL;
 	qp->dst.srq = NULL;
 	qp->dst.srq_ring = NULL;
-	qp->peer_stale = false;
+	qp->peer_stale = qp->peer_rec_read = false;
 	urdma_peer_set(&qp->peer, NULL);
 }
 
