@@ -74,27 +74,76 @@ void cma_release_held(void)
 
 /* ---- initialisation and the CM thread ----------------------------------- */
 
-static int cma_next_timeout_ms(void)
-{
-	uint64_t first = 0, now = urdma_now_ns();
-	struct cma_id *cid;
-
-	list_for_each_entry(cid, &cma_ids, node)
-		if (cid->deadline_ns && (!first || cid->deadline_ns < first))
-			first = cid->deadline_ns;
-	if (!first)
-		return -1;
-	return first <= now ? 0 : (int)((first - now) / 1000000 + 1);
-}
+/*
+ * Ids by handle: the CM thread looks one up for every socket event, so a
+ * hash (handles count up: consecutive ones go to consecutive buckets).
+ */
+#define CMA_HASH 4096
+static struct cma_id *cma_hash[CMA_HASH];
 
 struct cma_id *cma_find(uint64_t handle)
 {
-	struct cma_id *cid;
+	struct cma_id *cid = cma_hash[handle % CMA_HASH];
 
-	list_for_each_entry(cid, &cma_ids, node)
-		if (cid->handle == handle)
-			return cid;
-	return NULL;
+	while (cid && cid->handle != handle)
+		cid = cid->hnext;
+	return cid;
+}
+
+/*
+ * Deadlines: the ids waiting for their socket to connect or for a REQ are
+ * on cma_timers, and cma_timer_low is at most the earliest of their
+ * deadlines (0: none), so that the CM thread's timeout and its expiry pass
+ * walk nothing until a deadline may have come.  Under cma_lock.
+ */
+static struct list_head cma_timers = LIST_HEAD_INIT(cma_timers);
+static uint64_t cma_timer_low;
+
+/* Give cid a deadline ms from now, or none (0). */
+void cma_deadline(struct cma_id *cid, unsigned int ms)
+{
+	if (cid->deadline_ns) {
+		list_del(&cid->tnode);
+		cid->deadline_ns = 0;
+		if (list_empty(&cma_timers))
+			cma_timer_low = 0;
+	}
+	if (!ms)
+		return;
+	cid->deadline_ns = urdma_now_ns() + ms * 1000000ull;
+	list_add_tail(&cid->tnode, &cma_timers);
+	if (!cma_timer_low || cid->deadline_ns < cma_timer_low)
+		cma_timer_low = cid->deadline_ns;
+}
+
+void cma_expire(uint64_t now)
+{
+	struct cma_id *cid, *n;
+	uint64_t low = 0;
+
+	if (!cma_timer_low || now < cma_timer_low)
+		return;
+	list_for_each_entry_safe(cid, n, &cma_timers, tnode) {
+		if (cid->deadline_ns > now) {
+			if (!low || cid->deadline_ns < low)
+				low = cid->deadline_ns;
+			continue;
+		}
+		cma_deadline(cid, 0);
+		cma_closed(cid, -ETIMEDOUT);
+	}
+	cma_timer_low = list_empty(&cma_timers) ? 0 : low;
+}
+
+static int cma_next_timeout_ms(void)
+{
+	uint64_t now = urdma_now_ns();
+
+	if (!cma_timer_low)
+		return -1;
+	return cma_timer_low <= now ?
+		       0 :
+		       (int)((cma_timer_low - now) / 1000000 + 1);
 }
 
 static void *cma_thread(void *arg)
@@ -453,7 +502,25 @@ struct cma_id *cma_id_new(struct cma_channel *c, void *context,
 	cid->initiator_depth = cma_dev_attr.max_qp_init_rd_atom;
 	c->nids++;
 	list_add_tail(&cid->node, &cma_ids);
+	cid->hnext = cma_hash[cid->handle % CMA_HASH];
+	cma_hash[cid->handle % CMA_HASH] = cid;
 	return cid;
+}
+
+/* Take cid out of the lists and tables (the last step before freeing it).
+ * Under cma_lock. */
+void cma_id_unlink(struct cma_id *cid)
+{
+	struct cma_id **pp = &cma_hash[cid->handle % CMA_HASH];
+
+	while (*pp != cid)
+		pp = &(*pp)->hnext;
+	*pp = cid->hnext;
+	cma_deadline(cid, 0);
+	if (cid->listen)
+		cid->listen->nchildren--;
+	list_del(&cid->node);
+	to_cch(cid->id.channel)->nids--;
 }
 
 EXPORT int rdma_create_id(struct rdma_event_channel *channel,
@@ -500,7 +567,7 @@ void cma_close_fd(struct cma_id *cid)
 	epoll_ctl(cma_epfd, EPOLL_CTL_DEL, cid->fd, NULL);
 	close(cid->fd);
 	cid->fd = -1;
-	cid->deadline_ns = 0;
+	cma_deadline(cid, 0);
 }
 
 int cma_send(struct cma_id *cid, enum cma_msg_type type,
@@ -616,18 +683,21 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 	/* Children whose requests were reported stay the application's;
 	 * those still waiting for their REQ go with the listener. */
 	list_for_each_entry_safe(o, n, &cma_ids, node) {
+		if (!cid->nchildren)
+			break;
 		if (o->listen != cid)
 			continue;
-		if (o->state == CS_ACCEPT_WAIT)
+		if (o->state == CS_ACCEPT_WAIT) {
 			cma_id_free(o);
-		else
+		} else {
 			o->listen = NULL;
+			cid->nchildren--;
+		}
 	}
 	cma_close_fd(cid);
 	cma_mc_free(cid);
-	list_del(&cid->node);
+	cma_id_unlink(cid);
 	c = to_cch(id->channel);
-	c->nids--;
 	pthread_mutex_unlock(&cma_lock);
 	if (c->sync)
 		cma_channel_free(c);

@@ -118,7 +118,7 @@ EXPORT int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_para
 		pthread_mutex_unlock(&cma_lock);
 		return cma_err(e);
 	} else {
-		cid->deadline_ns = urdma_now_ns() + CMA_CONNECT_TIMEOUT_MS * 1000000ull;
+		cma_deadline(cid, CMA_CONNECT_TIMEOUT_MS);
 		cma_kick();
 	}
 	pthread_mutex_unlock(&cma_lock);
@@ -288,11 +288,12 @@ static void cma_accept_one(struct cma_id *lis)
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	cid->fd = fd;
 	cid->listen = lis;
+	lis->nchildren++;
 	cid->state = CS_ACCEPT_WAIT;
 	cid->tos = lis->tos;
 	cid->ack_timeout = lis->ack_timeout;
 	cma_set_route(cid, true);
-	cid->deadline_ns = urdma_now_ns() + CMA_REQ_TIMEOUT_MS * 1000000ull;
+	cma_deadline(cid, CMA_REQ_TIMEOUT_MS);
 	if (cma_watch(cid, EPOLLIN, EPOLL_CTL_ADD))
 		cma_id_free(cid);
 }
@@ -303,8 +304,7 @@ void cma_id_free(struct cma_id *cid)
 	struct cma_channel *c = to_cch(cid->id.channel);
 
 	cma_close_fd(cid);
-	list_del(&cid->node);
-	c->nids--;
+	cma_id_unlink(cid);
 	if (c->sync)
 		cma_channel_free(c);
 	urdma_free(cid);
@@ -361,7 +361,7 @@ static void cma_connected_out(struct cma_id *cid)
 		cma_post(cid, RDMA_CM_EVENT_UNREACHABLE, -(err ? err : errno), NULL);
 		return;
 	}
-	cid->deadline_ns = 0;
+	cma_deadline(cid, 0);
 	cid->state = CS_REQ_SENT;
 }
 
@@ -381,7 +381,7 @@ static void cma_handle_msg(struct cma_id *cid, const struct cma_msg *m)
 			return;
 		}
 		cid->peer = *m;
-		cid->deadline_ns = 0;
+		cma_deadline(cid, 0);
 		cid->state = CS_REQ_RCVD;
 		{
 			struct cma_event *e = cma_post(cid, RDMA_CM_EVENT_CONNECT_REQUEST,
@@ -528,16 +528,4 @@ void cma_handle_io(struct cma_id *cid)
 	}
 	if (r < 0)
 		cma_closed(cid, r);
-}
-
-void cma_expire(uint64_t now)
-{
-	struct cma_id *cid, *n;
-
-	list_for_each_entry_safe(cid, n, &cma_ids, node) {
-		if (!cid->deadline_ns || cid->deadline_ns > now)
-			continue;
-		cid->deadline_ns = 0;
-		cma_closed(cid, -ETIMEDOUT);
-	}
 }

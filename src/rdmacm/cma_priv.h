@@ -104,7 +104,10 @@ struct cma_id {
 	bool sync;
 	int outstanding; /* events handed out and not acknowledged */
 	struct cma_id *listen;
-	uint64_t deadline_ns;
+	int nchildren;		/* ids whose listen is this one */
+	struct cma_id *hnext;	/* in its handle's bucket */
+	uint64_t deadline_ns;	/* cma_deadline: 0, or in cma_timers */
+	struct list_head tnode;
 	/* connection parameters: ours, and the peer's from its REQ/REP */
 	uint32_t psn, qp_num;
 	uint8_t responder_resources, initiator_depth, retry_count, rnr_retry;
@@ -177,6 +180,9 @@ struct cma_event *cma_post(struct cma_id *cid,
 			   const struct cma_msg *m);
 struct cma_id *cma_id_new(struct cma_channel *c, void *context,
 			  enum rdma_port_space ps);
+void cma_id_unlink(struct cma_id *cid);
+void cma_deadline(struct cma_id *cid, unsigned int ms);
+void cma_expire(uint64_t now);
 void cma_close_fd(struct cma_id *cid);
 int cma_send(struct cma_id *cid, enum cma_msg_type type,
 	     const void *pdata, uint8_t len, uint32_t reason);
@@ -210,6 +216,5 @@ bool cma_sa_multicast(const struct sockaddr *sa);
 void cma_id_free(struct cma_id *cid);
 void cma_closed(struct cma_id *cid, int e);
 void cma_handle_io(struct cma_id *cid);
-void cma_expire(uint64_t now);
 
 #endif
