@@ -7,9 +7,13 @@
  * through the 1 GiB windows it maps anyway: no file, fd or mapping per QP,
  * and nothing a peer can resize under us (the memfd is sealed).  Chunks of
  * 64 MiB of address space, aligned, so a block never crosses a peer's
- * window; pages handed out first-fit.  A freed block's pages are punched
- * out of the memfd, so the next block there starts zeroed.  A block that a
- * stalled peer may still write into is quarantined: punched, never reused.
+ * window; pages handed out first-fit.  A freed block starts the next one
+ * there zeroed: a small one (up to KEEP_MAX) is zeroed in place and its
+ * pages kept, up to KEEP_PAGES of them (punching a page out costs a TLB
+ * shoot-down in every process that maps it, and the next block there a
+ * page fault in each); the others are punched out of the memfd.  A block
+ * that a stalled peer may still write into is quarantined: punched, never
+ * reused.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -29,18 +33,22 @@
 #define PAGE_SHIFT 12
 #define CHUNK_PAGES (CHUNK_SIZE >> PAGE_SHIFT)
 #define MAX_CHUNKS 1024 /* 64 GiB of shared blocks */
+#define KEEP_MAX (64u << 10)
+#define KEEP_PAGES 4096 /* 16 MiB */
 
 static_assert(CHUNK_SHIFT <= URDMA_WIN_SHIFT, "a chunk stays in one window");
 
 struct chunk {
 	uint8_t *base; /* == its offset in the memfd */
 	uint64_t used[CHUNK_PAGES / 64];
+	uint64_t kept[CHUNK_PAGES / 64]; /* free, zeroed, still backed */
 };
 
 static struct {
 	pthread_mutex_t lock;
 	struct chunk *c[MAX_CHUNKS];
 	int n;
+	uint64_t kept; /* pages, of all chunks */
 } A = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
 static bool page_used(const struct chunk *c, uint64_t p)
@@ -48,13 +56,25 @@ static bool page_used(const struct chunk *c, uint64_t p)
 	return c->used[p / 64] >> (p % 64) & 1;
 }
 
-static void pages_mark(struct chunk *c, uint64_t p, uint64_t n, bool used)
+/* Mark pages [p, p + n) used or free; kept: free ones keep their memory.
+ * A page taken stops being kept.  Under A.lock. */
+static void pages_mark(struct chunk *c, uint64_t p, uint64_t n, bool used,
+		       bool kept)
 {
 	for (uint64_t i = p; i < p + n; i++) {
+		uint64_t bit = 1ull << (i % 64);
+
+		if (c->kept[i / 64] & bit)
+			A.kept--;
+		c->kept[i / 64] &= ~bit;
 		if (used)
-			c->used[i / 64] |= 1ull << (i % 64);
+			c->used[i / 64] |= bit;
 		else
-			c->used[i / 64] &= ~(1ull << (i % 64));
+			c->used[i / 64] &= ~bit;
+		if (kept) {
+			c->kept[i / 64] |= bit;
+			A.kept++;
+		}
 	}
 }
 
@@ -138,7 +158,7 @@ void *urdma_arena_alloc(size_t size, uint64_t *va)
 		at = chunk_find(c, n);
 		if (at < 0)
 			continue;
-		pages_mark(c, at, n, true);
+		pages_mark(c, at, n, true, false);
 		p = c->base + ((uint64_t)at << PAGE_SHIFT);
 	}
 	pthread_mutex_unlock(&A.lock);
@@ -154,22 +174,33 @@ void urdma_arena_free(void *p, size_t size, bool quarantine)
 {
 	uint64_t n = (size + (1u << PAGE_SHIFT) - 1) >> PAGE_SHIFT;
 	uint8_t *b = p;
+	bool keep;
 
 	if (!p)
 		return;
-	/* Zero it: the memory goes, and the next block here starts clean. */
-	if (fallocate(urdma_proc.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-		      (off_t)(uintptr_t)b, (off_t)(n << PAGE_SHIFT)))
-		memset(b, 0, n << PAGE_SHIFT);
-	if (quarantine)
-		return;
+	/* Zero it, so that the next block here starts clean: in place, or
+	 * the memory goes (not under the lock). */
 	pthread_mutex_lock(&A.lock);
+	keep = !quarantine && n << PAGE_SHIFT <= KEEP_MAX &&
+	       A.kept + n <= KEEP_PAGES;
+	if (keep) {
+		memset(b, 0, n << PAGE_SHIFT);
+	} else {
+		pthread_mutex_unlock(&A.lock);
+		if (fallocate(urdma_proc.memfd,
+			      FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+			      (off_t)(uintptr_t)b, (off_t)(n << PAGE_SHIFT)))
+			memset(b, 0, n << PAGE_SHIFT);
+		if (quarantine)
+			return;
+		pthread_mutex_lock(&A.lock);
+	}
 	for (int i = 0; i < A.n; i++) {
 		struct chunk *c = A.c[i];
 
 		if (b >= c->base && b < c->base + CHUNK_SIZE) {
 			pages_mark(c, (uint64_t)(b - c->base) >> PAGE_SHIFT, n,
-				   false);
+				   false, keep);
 			break;
 		}
 	}
