@@ -2,8 +2,10 @@
 /*
  * Page-isolated allocations for the library's own objects (alloc.h).
  *
- * Small objects (up to 1 KiB with the header) come from slabs of 64 KiB
- * mappings, one free list per size class; larger ones get a mapping each.
+ * Small objects (up to 4 KiB with the header: a connection's QP and CM id
+ * are 1.5-2.5 KiB, and a mapping each cost an mmap and a munmap, with its
+ * TLB shoot-down, per connection) come from slabs of 64 KiB mappings, one
+ * free list per size class; larger ones get a mapping each.
  * A 64-byte header in front of each object says which: the mapping's
  * length, or 0 and the class.  Slab memory is kept for reuse, never
  * unmapped.
@@ -25,7 +27,7 @@ struct hdr {
 	unsigned int cls;
 };
 
-static const size_t slot_size[] = { 128, 256, 512, 1024 };
+static const size_t slot_size[] = { 128, 256, 512, 1024, 2048, 4096 };
 #define NCLS (sizeof(slot_size) / sizeof(slot_size[0]))
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
