@@ -638,6 +638,7 @@ void urdma_host_sweep(void)
 		return;
 	while ((e = readdir(d))) {
 		unsigned int id;
+		unsigned long long xid;
 		char tail[2];
 		struct stat st;
 		bool stale = false;
@@ -666,6 +667,15 @@ void urdma_host_sweep(void)
 		}
 		else if (!strncmp(e->d_name, "tmp-", 4))
 			stale = time(NULL) - st.st_mtime > 60;
+		else if (sscanf(e->d_name, "xrcd-%16llx%1s", &xid, tail) == 1 &&
+			 S_ISREG(st.st_mode)) {
+			/* An XRC domain nobody holds: as its last closer. */
+			int fd = host_open_file(e->d_name, O_RDONLY, &st);
+
+			if (fd >= 0)
+				urdma_xrcd_let_go(fd, xid);
+			continue;
+		}
 		if (!stale)
 			continue;
 		urdma_dbg("removing stale %s/%s", urdma_proc.dir, e->d_name);

@@ -655,6 +655,7 @@ void urdma_rq_invalidate(struct urdma_qp *qp, const struct urdma_rq_wr *pw,
 struct ibv_xrcd *urdma_open_xrcd(struct ibv_context *context,
 				 struct ibv_xrcd_init_attr *attr);
 int urdma_close_xrcd(struct ibv_xrcd *xrcd);
+void urdma_xrcd_let_go(int fd, uint64_t id);
 int urdma_get_srq_num(struct ibv_srq *srq, uint32_t *srq_num);
 int urdma_xsrq_setup(struct urdma_srq *srq, struct urdma_xrcd *xrcd,
 		     struct urdma_cq *cq);

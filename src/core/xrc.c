@@ -59,11 +59,13 @@ static uint64_t mix64(uint64_t x)
 static int xrcd_hold(uint64_t id, int oflags, bool local)
 {
 	char name[40];
-	bool exists = local;
-	struct stat st;
+	bool exists;
+	struct stat st, now;
 	int fd, err;
 
 	snprintf(name, sizeof(name), "xrcd-%016llx", (unsigned long long)id);
+again:
+	exists = local;
 	fd = openat(urdma_proc.dirfd, name,
 		    O_RDONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
 		    0600);
@@ -82,6 +84,8 @@ static int xrcd_hold(uint64_t id, int oflags, bool local)
 		exists = true;
 	}
 	if (!exists && !(oflags & O_CREAT)) {
+		/* (we made the name, and hold it alone: it goes) */
+		unlinkat(urdma_proc.dirfd, name, 0);
 		close(fd);
 		return -ENOENT;
 	}
@@ -91,6 +95,13 @@ static int xrcd_hold(uint64_t id, int oflags, bool local)
 	}
 	if (flock(fd, LOCK_SH)) /* from LOCK_EX, or waits out a check */
 		goto err;
+	/* The last holder removes the name as it lets go (urdma_close_xrcd,
+	 * urdma_host_sweep): holding a file no longer there holds nothing. */
+	if (fstatat(urdma_proc.dirfd, name, &now, AT_SYMLINK_NOFOLLOW) ||
+	    now.st_ino != st.st_ino || now.st_dev != st.st_dev) {
+		close(fd);
+		goto again;
+	}
 	return fd;
 err:
 	err = -errno;
@@ -177,9 +188,23 @@ int urdma_close_xrcd(struct ibv_xrcd *ibxrcd)
 	list_del(&x->node);
 	pthread_mutex_unlock(&xrc_lock);
 	if (x->lock_fd >= 0)
-		close(x->lock_fd); /* lets go of the flock */
+		urdma_xrcd_let_go(x->lock_fd, x->id);
 	urdma_free(x);
 	return 0;
+}
+
+/* Let go of an xrcd-<id> held (fd), and remove the name when nobody else
+ * holds it (an exclusive lock, taken without waiting, says so): a domain
+ * leaves nothing behind.  An opener that met the old file sees it gone and
+ * starts again (xrcd_hold). */
+void urdma_xrcd_let_go(int fd, uint64_t id)
+{
+	char name[40];
+
+	snprintf(name, sizeof(name), "xrcd-%016llx", (unsigned long long)id);
+	if (!flock(fd, LOCK_EX | LOCK_NB))
+		unlinkat(urdma_proc.dirfd, name, 0);
+	close(fd);
 }
 
 /* ---- XRC SRQs ---- */

@@ -10,11 +10,13 @@
 #include "harness.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define MSG 64
@@ -34,6 +36,45 @@ static int domain_file(char *path, size_t n)
 
 	REQUIRE(fd >= 0, "mkstemp: %s", strerror(errno));
 	return fd;
+}
+
+/* The name in the host directory of the XRC domain this process holds
+ * (xrc.c: a shared flock on xrcd-<id>, seen in /proc/locks), or "". */
+static void held_domain_name(char *name, size_t n)
+{
+	const char *e = getenv("URDMA_SHM_DIR");
+	char dir[200], line[256], path[512];
+	unsigned long long ino = 0;
+	FILE *f = fopen("/proc/locks", "r");
+	struct dirent *d;
+	DIR *dd;
+
+	name[0] = 0;
+	if (e && *e)
+		snprintf(dir, sizeof(dir), "%s", e);
+	else
+		snprintf(dir, sizeof(dir), "/dev/shm/urdma-%u", (unsigned)geteuid());
+	while (f && !ino && fgets(line, sizeof(line), f)) {
+		int pid;
+		unsigned long long i;
+
+		if (sscanf(line, "%*d: FLOCK %*s %*s %d %*x:%*x:%llu", &pid, &i) == 2 &&
+		    pid == (int)getpid())
+			ino = i;
+	}
+	if (f)
+		fclose(f);
+	dd = ino ? opendir(dir) : NULL;
+	while (dd && (d = readdir(dd))) {
+		struct stat st;
+
+		snprintf(path, sizeof(path), "%s/%s", dir, d->d_name);
+		if (!strncmp(d->d_name, "xrcd-", 5) && !stat(path, &st) &&
+		    st.st_ino == ino)
+			snprintf(name, n, "%s", path);
+	}
+	if (dd)
+		closedir(dd);
 }
 
 static struct ibv_xrcd *open_xrcd(struct ibv_context *ctx, int fd, int oflags)
@@ -180,6 +221,9 @@ static void xrc_rules(void *arg)
 	      errno);
 	struct ibv_xrcd *x = open_xrcd(r.ctx, fd, O_CREAT);
 	REQUIRE(x, "O_CREAT: %s", strerror(errno));
+	char held[512];
+	held_domain_name(held, sizeof(held));
+	CHECK(held[0], "no xrcd-<id> held in the host directory");
 	CHECK(!open_xrcd(r.ctx, fd, O_CREAT | O_EXCL) && errno == EEXIST,
 	      "O_EXCL on an open domain: %d", errno);
 	struct ibv_xrcd *x2 = open_xrcd(r.ctx, fd, 0);
@@ -302,8 +346,9 @@ static void xrc_rules(void *arg)
 	CHECK(ibv_close_xrcd(x) == 0, "close");
 	if (x2)
 		CHECK(ibv_close_xrcd(x2) == 0, "close the second handle");
-	/* Nobody holds it now: it no longer exists. */
+	/* Nobody holds it now: it no longer exists, and leaves nothing. */
 	CHECK(!open_xrcd(r.ctx, fd, 0) && errno == ENOENT, "after the last close: %d", errno);
+	CHECK(!held[0] || access(held, F_OK), "%s left after the last close", held);
 	if (priv)
 		CHECK(ibv_close_xrcd(priv) == 0, "close the private domain");
 	t_res_close(&r);
