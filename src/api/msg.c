@@ -218,9 +218,19 @@ API_EXPORT int urdma_send(urdma_conn *c, const void *buf, size_t len,
 		goto out;
 	}
 	now = !api_queued(c) && can_send_data(c);
+	/* Inline when it fits, a pool buffer too (it is back in the pool at
+	 * once): a small message then travels in the WR, and on one host in
+	 * the receive entry itself; a larger pool buffer is lent. */
 	if (now && (held || len <= c->inline_max)) {
+		bool inl = len <= c->inline_max;
+
 		ret = send_msg(c, (void *)buf, (uint32_t)len,
-			       held ? (int64_t)lkey : -1, user, 0);
+			       inl ? -1 : (int64_t)lkey, user, 0);
+		if (!ret && held && inl) {
+			*held = 0;
+			api_buf_put(ctx, (void *)buf);
+			held = NULL;
+		}
 		goto out;
 	}
 	/* Copies wait up to queue_depth, and take no buffer while a
