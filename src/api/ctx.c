@@ -579,10 +579,14 @@ static int match(const urdma_ctx *ctx, const urdma_conn *conn, int type)
 }
 
 /* Poll the CQ (in memory) until what the caller waits for comes, for up
- * to the spin time; true if it came. */
+ * to the spin time; true if it came.  The clock is read every SPIN_TURNS
+ * polls: a read costs as much as an empty poll here (kvm-clock), and was
+ * 30 % of an echo client's samples. */
+#define SPIN_TURNS 16
 static bool spin(urdma_ctx *ctx, urdma_conn *conn, int type)
 {
 	uint64_t end = urdma_now_ns() + (uint64_t)ctx->cfg.spin_us * 1000ull;
+	unsigned int turn = 0;
 	bool met;
 
 	ctx->in_progress = true;
@@ -591,7 +595,7 @@ static bool spin(urdma_ctx *ctx, urdma_conn *conn, int type)
 		met = match(ctx, conn, type) >= 0;
 		if (!met)
 			cpu_relax();
-	} while (!met && urdma_now_ns() < end);
+	} while (!met && (++turn % SPIN_TURNS || urdma_now_ns() < end));
 	ctx->in_progress = false;
 	return met;
 }
