@@ -409,10 +409,10 @@ void api_timer_update(urdma_ctx *ctx)
  * sources have something; only those are read (a system call each), the
  * CQ is polled in memory.
  */
-static void progress(urdma_ctx *ctx)
+static void progress(urdma_ctx *ctx, uint64_t now)
 {
 	struct epoll_event ready[4];
-	uint64_t v, now;
+	uint64_t v;
 	int n;
 
 	ctx->in_progress = true;
@@ -423,7 +423,6 @@ static void progress(urdma_ctx *ctx)
 	 * because they are readable), otherwise at most every FD_LOOK_NS
 	 * while busy (and after every sleep): a blocking ping-pong then
 	 * makes no system call. */
-	now = urdma_now_ns();
 	n = 0;
 	if (ctx->fd_given || now - ctx->fds_ns >= FD_LOOK_NS) {
 		ctx->fds_ns = now;
@@ -507,7 +506,7 @@ static void goodbye(urdma_ctx *ctx)
 		if (!arm(ctx))
 			sleep_fd(ctx, 10);
 		ctx->fds_ns = 0; /* the CLOSING deadlines are on the timer */
-		progress(ctx);
+		progress(ctx, urdma_now_ns());
 	}
 	api_unlock(ctx);
 }
@@ -583,9 +582,9 @@ static int match(const urdma_ctx *ctx, const urdma_conn *conn, int type)
  * polls: a read costs as much as an empty poll here (kvm-clock), and was
  * 30 % of an echo client's samples. */
 #define SPIN_TURNS 16
-static bool spin(urdma_ctx *ctx, urdma_conn *conn, int type)
+static bool spin(urdma_ctx *ctx, urdma_conn *conn, int type, uint64_t now)
 {
-	uint64_t end = urdma_now_ns() + (uint64_t)ctx->cfg.spin_us * 1000ull;
+	uint64_t end = now + (uint64_t)ctx->cfg.spin_us * 1000ull;
 	unsigned int turn = 0;
 	bool met;
 
@@ -617,11 +616,13 @@ static bool spin_first(urdma_ctx *ctx, bool *probe)
 	return true;
 }
 
-/* After a wait of waited_ns: was it short enough to be worth a spin? */
+/* After a wait that began at start_ns: was it short enough to be worth a
+ * spin?  (One that did not sleep was: no clock read then, as the caller
+ * has its event.) */
 static void spin_learn(urdma_ctx *ctx, bool slept, bool probe,
-		       uint64_t waited_ns)
+		       uint64_t start_ns)
 {
-	if (!slept || waited_ns <= SPIN_LONG_NS) {
+	if (!slept || urdma_now_ns() - start_ns <= SPIN_LONG_NS) {
 		ctx->spin_miss = 0;
 		ctx->probe_every = PROBE_MIN;
 		return;
@@ -635,18 +636,21 @@ static void spin_learn(urdma_ctx *ctx, bool slept, bool probe,
  * match), or timeout_ms (0: look once; <0: no limit) has passed. */
 static void await(urdma_ctx *ctx, urdma_conn *conn, int type, int timeout_ms)
 {
-	uint64_t start = urdma_now_ns(), end = start + timeout_ms * 1000000ull;
+	uint64_t now = urdma_now_ns(), start = now;
+	uint64_t end = start + timeout_ms * 1000000ull;
 	bool spun = false, slept = false, probe = false;
 
-	for (;;) {
-		progress(ctx);
+	/* (one clock read per turn: progress, the deadline and the spin
+	 * share it) */
+	for (;; now = urdma_now_ns()) {
+		progress(ctx, now);
 		if (match(ctx, conn, type) >= 0 || !timeout_ms)
 			break;
-		if (timeout_ms > 0 && !remaining_ms(end))
+		if (timeout_ms > 0 && now >= end)
 			break;
 		if (!spun && ctx->cfg.spin_us > 0 && spin_first(ctx, &probe)) {
 			spun = true;
-			if (spin(ctx, conn, type))
+			if (spin(ctx, conn, type, now))
 				break;
 			continue; /* the fds, once more */
 		}
@@ -657,7 +661,7 @@ static void await(urdma_ctx *ctx, urdma_conn *conn, int type, int timeout_ms)
 		slept = true;
 	}
 	if (ctx->cfg.spin_us > 0 && timeout_ms)
-		spin_learn(ctx, slept, probe, urdma_now_ns() - start);
+		spin_learn(ctx, slept, probe, start);
 	if (ctx->fd_given)
 		arm(ctx);
 }
