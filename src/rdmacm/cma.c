@@ -99,8 +99,9 @@ struct cma_id *cma_find(uint64_t handle)
 static struct list_head cma_timers = LIST_HEAD_INIT(cma_timers);
 static uint64_t cma_timer_low;
 
-/* Give cid a deadline ms from now, or none (0). */
-void cma_deadline(struct cma_id *cid, unsigned int ms)
+/* Give cid a deadline ms from now, or none (0).  True if the CM thread
+ * must be woken (cma_kick) to wait less: the deadline is the earliest. */
+bool cma_deadline(struct cma_id *cid, unsigned int ms)
 {
 	if (cid->deadline_ns) {
 		list_del(&cid->tnode);
@@ -109,11 +110,13 @@ void cma_deadline(struct cma_id *cid, unsigned int ms)
 			cma_timer_low = 0;
 	}
 	if (!ms)
-		return;
+		return false;
 	cid->deadline_ns = urdma_now_ns() + ms * 1000000ull;
 	list_add_tail(&cid->tnode, &cma_timers);
-	if (!cma_timer_low || cid->deadline_ns < cma_timer_low)
-		cma_timer_low = cid->deadline_ns;
+	if (cma_timer_low && cid->deadline_ns >= cma_timer_low)
+		return false;
+	cma_timer_low = cid->deadline_ns;
+	return true;
 }
 
 void cma_expire(uint64_t now)

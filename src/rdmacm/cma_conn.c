@@ -117,8 +117,9 @@ EXPORT int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_para
 		cid->state = CS_ROUTE_RESOLVED;
 		pthread_mutex_unlock(&cma_lock);
 		return cma_err(e);
-	} else {
-		cma_deadline(cid, CMA_CONNECT_TIMEOUT_MS);
+	} else if (cma_deadline(cid, CMA_CONNECT_TIMEOUT_MS)) {
+		/* The CM thread must wait less (it watches the socket
+		 * already: epoll needs no wake-up for that). */
 		cma_kick();
 	}
 	pthread_mutex_unlock(&cma_lock);

@@ -181,7 +181,7 @@ struct cma_event *cma_post(struct cma_id *cid,
 struct cma_id *cma_id_new(struct cma_channel *c, void *context,
 			  enum rdma_port_space ps);
 void cma_id_unlink(struct cma_id *cid);
-void cma_deadline(struct cma_id *cid, unsigned int ms);
+bool cma_deadline(struct cma_id *cid, unsigned int ms);
 void cma_expire(uint64_t now);
 void cma_close_fd(struct cma_id *cid);
 int cma_send(struct cma_id *cid, enum cma_msg_type type,

@@ -10,7 +10,8 @@
 # perftest ib_send_bw -R, ib_write_lat -R, ib_read_bw -R with 8 MiB
 # messages (see PERFTEST_RACE_RE in cases.sh for why); rstream
 # (rsockets) in a few modes; the rping server killed with SIGKILL mid-run;
-# rping to a port nobody listens on.
+# rping to a port nobody listens on; rping to a host that never answers
+# (the connect deadline: UNREACHABLE, -ETIMEDOUT, after 10 s).
 # Usage: rdmacm.sh BUILD_DIR     (exit 0 pass, 1 fail, 77 skip: not root)
 # URDMA_NET_TRANSPORT=tcp forces TCP on both sides; =shm runs both sides in
 # namespace A over shared memory (a check of this script itself).
@@ -84,4 +85,6 @@ cm_cases "$SRV_IP" \
 
 cm_fault_killed "$SRV_IP"
 cm_fault_unreachable "$SRV_IP"
+if [ "$CLI_NS" = "$NS_B" ]; then cli_dev=$VETH_B; else cli_dev=$VETH_A; fi
+cm_fault_silent "$CLI_NS" "$cli_dev" "${SRV_IP%.*}.77"
 finish

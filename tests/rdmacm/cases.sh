@@ -466,6 +466,36 @@ cm_fault_killed() {
 
 # cm_fault_unreachable ADDR: rping to a port nobody listens on (at ADDR) must
 # fail promptly with UNREACHABLE, -ECONNREFUSED (docs/rdmacm.md), not hang.
+# cm_fault_silent NS DEV ADDR: rping from namespace NS (CLI_RUN) to ADDR, an
+# address of DEV's subnet whose neighbour entry there names a MAC nobody has:
+# its SYNs vanish, and the connect deadline (CMA_CONNECT_TIMEOUT_MS, 10 s)
+# ends it with RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT (-110), in 9-15 s.
+cm_fault_silent() {
+    local ns=$1 dev=$2 addr=$3 name="${CASE_PREFIX:-}rping: a host that never answers${CASE_SUFFIX:-}" t0 secs
+    budget_left "$name" || return 0
+    if ! ip -n "$ns" neigh replace "$addr" lladdr 02:00:5e:00:00:77 dev "$dev" nud permanent; then
+        fail "$name" "could not add the neighbour entry"
+        return 0
+    fi
+    log "== $name"
+    t0=$EPOCHREALTIME
+    # shellcheck disable=SC2086  # CLI_RUN is a command prefix
+    run_check "silent" 20 $CLI_RUN rping -c -v -C 1 -a "$addr" -p "$CASE_PORT"
+    secs=$(elapsed "$t0")
+    ip -n "$ns" neigh del "$addr" dev "$dev" 2>/dev/null
+    if [ "$CHECK_RC" -eq 124 ] || [ "$CHECK_RC" -eq 137 ]; then
+        fail "$name" "no answer within 20 s"
+    elif ! grep -qE 'RDMA_CM_EVENT_UNREACHABLE, error -110' "$CHECK_LOG"; then
+        fail "$name" "status $CHECK_RC without RDMA_CM_EVENT_UNREACHABLE, error -110"
+    elif awk -v s="$secs" 'BEGIN { exit !(s < 9 || s > 15) }'; then
+        fail "$name" "the error came after $secs s, not 10"
+    else
+        pass "$name (error after ${secs} s, status $CHECK_RC)"
+        return 0
+    fi
+    cm_show_log "$CHECK_LOG" "client output"
+}
+
 cm_fault_unreachable() {
     local addr=$1 name="${CASE_PREFIX:-}rping: nobody listening${CASE_SUFFIX:-}" t0 secs
     budget_left "$name" || return 0
