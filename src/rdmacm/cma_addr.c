@@ -237,7 +237,9 @@ EXPORT int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src_addr,
 	if (e) {
 		cma_post(cid, RDMA_CM_EVENT_ADDR_ERROR, e, NULL);
 	} else {
-		cma_set_route(cid, false);
+		/* (the socket's own address is in the route since its bind) */
+		sa_to_gid(&id->route.addr.dst_addr,
+			  &id->route.addr.addr.ibaddr.dgid);
 		/* A wildcard-bound socket: the route's source is the address. */
 		if (sa_is_any(&id->route.addr.src_addr)) {
 			uint16_t port = sa_port(&id->route.addr.src_addr);
