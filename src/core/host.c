@@ -669,9 +669,15 @@ void urdma_host_sweep(void)
 			stale = time(NULL) - st.st_mtime > 60;
 		else if (sscanf(e->d_name, "xrcd-%16llx%1s", &xid, tail) == 1 &&
 			 S_ISREG(st.st_mode)) {
-			/* An XRC domain nobody holds: as its last closer. */
-			int fd = host_open_file(e->d_name, O_RDONLY, &st);
+			/* An XRC domain nobody holds: as its last closer (a
+			 * name of ours, exactly as xrc.c writes it). */
+			char canon[40];
+			int fd;
 
+			snprintf(canon, sizeof(canon), "xrcd-%016llx", xid);
+			if (strcmp(canon, e->d_name))
+				continue;
+			fd = host_open_file(e->d_name, O_RDONLY, &st);
 			if (fd >= 0)
 				urdma_xrcd_let_go(fd, xid);
 			continue;

@@ -53,6 +53,31 @@ static uint64_t mix64(uint64_t x)
 	return x ^ (x >> 31);
 }
 
+static void xrcd_name(char *name, size_t n, uint64_t id)
+{
+	snprintf(name, n, "xrcd-%016llx", (unsigned long long)id);
+}
+
+/* Is name (in the host directory) the file fd has open? */
+static bool xrcd_same(int fd, const char *name)
+{
+	struct stat a, b;
+
+	return !fstat(fd, &a) &&
+	       !fstatat(urdma_proc.dirfd, name, &b, AT_SYMLINK_NOFOLLOW) &&
+	       a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+}
+
+/* With fd locked exclusive (nobody else holds that file): remove its
+ * name, if the name is still that file's.  Every remover holds the lock
+ * on the file the name leads to, so a name another file took since (a
+ * new domain) is never removed. */
+static void xrcd_unlink(int fd, const char *name)
+{
+	if (xrcd_same(fd, name))
+		unlinkat(urdma_proc.dirfd, name, 0);
+}
+
 /* Hold xrcd-<id> (shared flock) for as long as the domain is open here:
  * the fd, or -errno (-ENOENT: nobody has it and O_CREAT was not given,
  * -EEXIST: someone has it and O_EXCL was). */
@@ -60,10 +85,10 @@ static int xrcd_hold(uint64_t id, int oflags, bool local)
 {
 	char name[40];
 	bool exists;
-	struct stat st, now;
+	struct stat st;
 	int fd, err;
 
-	snprintf(name, sizeof(name), "xrcd-%016llx", (unsigned long long)id);
+	xrcd_name(name, sizeof(name), id);
 again:
 	exists = local;
 	fd = openat(urdma_proc.dirfd, name,
@@ -84,23 +109,24 @@ again:
 		exists = true;
 	}
 	if (!exists && !(oflags & O_CREAT)) {
-		/* (we made the name, and hold it alone: it goes) */
-		unlinkat(urdma_proc.dirfd, name, 0);
+		/* (we hold it alone: the name goes) */
+		xrcd_unlink(fd, name);
 		close(fd);
 		return -ENOENT;
-	}
-	if (exists && (oflags & O_EXCL)) {
-		close(fd);
-		return -EEXIST;
 	}
 	if (flock(fd, LOCK_SH)) /* from LOCK_EX, or waits out a check */
 		goto err;
 	/* The last holder removes the name as it lets go (urdma_close_xrcd,
-	 * urdma_host_sweep): holding a file no longer there holds nothing. */
-	if (fstatat(urdma_proc.dirfd, name, &now, AT_SYMLINK_NOFOLLOW) ||
-	    now.st_ino != st.st_ino || now.st_dev != st.st_dev) {
+	 * urdma_host_sweep), and so does a look without O_CREAT: holding a
+	 * file no longer there holds nothing, and a lock we met may have
+	 * been one of those (not a holder: no EEXIST for it). */
+	if (!xrcd_same(fd, name)) {
 		close(fd);
 		goto again;
+	}
+	if (exists && (oflags & O_EXCL)) {
+		close(fd);
+		return -EEXIST;
 	}
 	return fd;
 err:
@@ -201,9 +227,9 @@ void urdma_xrcd_let_go(int fd, uint64_t id)
 {
 	char name[40];
 
-	snprintf(name, sizeof(name), "xrcd-%016llx", (unsigned long long)id);
+	xrcd_name(name, sizeof(name), id);
 	if (!flock(fd, LOCK_EX | LOCK_NB))
-		unlinkat(urdma_proc.dirfd, name, 0);
+		xrcd_unlink(fd, name);
 	close(fd);
 }
 

@@ -44,7 +44,8 @@ static void held_domain_name(char *name, size_t n)
 {
 	const char *e = getenv("URDMA_SHM_DIR");
 	char dir[200], line[256], path[512];
-	unsigned long long ino = 0;
+	unsigned long long ino[16];
+	int nino = 0;
 	FILE *f = fopen("/proc/locks", "r");
 	struct dirent *d;
 	DIR *dd;
@@ -54,24 +55,27 @@ static void held_domain_name(char *name, size_t n)
 		snprintf(dir, sizeof(dir), "%s", e);
 	else
 		snprintf(dir, sizeof(dir), "/dev/shm/urdma-%u", (unsigned)geteuid());
-	while (f && !ino && fgets(line, sizeof(line), f)) {
+	/* every flock of ours: the domain's is one of them */
+	while (f && nino < 16 && fgets(line, sizeof(line), f)) {
 		int pid;
 		unsigned long long i;
 
 		if (sscanf(line, "%*d: FLOCK %*s %*s %d %*x:%*x:%llu", &pid, &i) == 2 &&
 		    pid == (int)getpid())
-			ino = i;
+			ino[nino++] = i;
 	}
 	if (f)
 		fclose(f);
-	dd = ino ? opendir(dir) : NULL;
+	dd = nino ? opendir(dir) : NULL;
 	while (dd && (d = readdir(dd))) {
 		struct stat st;
 
 		snprintf(path, sizeof(path), "%s/%s", dir, d->d_name);
-		if (!strncmp(d->d_name, "xrcd-", 5) && !stat(path, &st) &&
-		    st.st_ino == ino)
-			snprintf(name, n, "%s", path);
+		if (strncmp(d->d_name, "xrcd-", 5) || stat(path, &st))
+			continue;
+		for (int k = 0; k < nino; k++)
+			if (st.st_ino == ino[k])
+				snprintf(name, n, "%s", path);
 	}
 	if (dd)
 		closedir(dd);
