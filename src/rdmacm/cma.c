@@ -98,9 +98,14 @@ struct cma_id *cma_find(uint64_t handle)
  */
 static struct list_head cma_timers = LIST_HEAD_INIT(cma_timers);
 static uint64_t cma_timer_low;
+/* When the CM thread looks at the deadlines next, by its epoll timeout
+ * (0: only when something wakes it). */
+static uint64_t cma_wake_ns;
 
 /* Give cid a deadline ms from now, or none (0).  True if the CM thread
- * must be woken (cma_kick) to wait less: the deadline is the earliest. */
+ * must be woken (cma_kick) to wait less: it would look after the
+ * deadline (at most once per CMA_*_TIMEOUT_MS, however fast ids come and
+ * go). */
 bool cma_deadline(struct cma_id *cid, unsigned int ms)
 {
 	if (cid->deadline_ns) {
@@ -113,10 +118,9 @@ bool cma_deadline(struct cma_id *cid, unsigned int ms)
 		return false;
 	cid->deadline_ns = urdma_now_ns() + ms * 1000000ull;
 	list_add_tail(&cid->tnode, &cma_timers);
-	if (cma_timer_low && cid->deadline_ns >= cma_timer_low)
-		return false;
-	cma_timer_low = cid->deadline_ns;
-	return true;
+	if (!cma_timer_low || cid->deadline_ns < cma_timer_low)
+		cma_timer_low = cid->deadline_ns;
+	return !cma_wake_ns || cid->deadline_ns < cma_wake_ns;
 }
 
 void cma_expire(uint64_t now)
@@ -138,15 +142,20 @@ void cma_expire(uint64_t now)
 	cma_timer_low = list_empty(&cma_timers) ? 0 : low;
 }
 
+/* The CM thread's epoll timeout, which sets cma_wake_ns. */
 static int cma_next_timeout_ms(void)
 {
 	uint64_t now = urdma_now_ns();
+	int ms;
 
-	if (!cma_timer_low)
+	if (!cma_timer_low) {
+		cma_wake_ns = 0;
 		return -1;
-	return cma_timer_low <= now ?
-		       0 :
-		       (int)((cma_timer_low - now) / 1000000 + 1);
+	}
+	ms = cma_timer_low <= now ? 0 :
+				    (int)((cma_timer_low - now) / 1000000 + 1);
+	cma_wake_ns = now + (uint64_t)ms * 1000000ull;
+	return ms;
 }
 
 static void *cma_thread(void *arg)
