@@ -34,7 +34,7 @@ check: all
 
 # Not under ASan: the tests that run Debian's client binaries on urdma (compat_,
 # security_, the net_ ones that do (all but net_conformance_tcp, net_faults,
-# net_api), rdmacm_clients and rdmacm_rstream),
+# net_api), rdmacm_clients, rdmacm_rstream and rdmacm_setup_syscalls),
 # abi_, scale_ (tens of thousands of QPs, sized for the plain build), and
 # api_install (it links a program without ASan against the installed,
 # instrumented libraries). Their hostile-input halves run under ASan in
@@ -43,7 +43,7 @@ check-asan: deps
 	@scripts/deps.sh check
 	@test -f $(ASAN_BUILD)/CMakeCache.txt || cmake -S . -B $(ASAN_BUILD) -DURDMA_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
-	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --timeout 600 -E '^(compat|abi|security|scale)_|^net_(rc_pingpong|perftest|wire_check|rdmacm|qp_types|middleware)$$|^rdmacm_(clients|rstream)$$|^api_install$$' $(CTEST_ARGS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --timeout 600 -E '^(compat|abi|security|scale)_|^net_(rc_pingpong|perftest|wire_check|rdmacm|qp_types|middleware)$$|^rdmacm_(clients|rstream|setup_syscalls)$$|^api_install$$' $(CTEST_ARGS)
 
 bench: all
 	@scripts/deps.sh bench
