@@ -63,6 +63,8 @@ static void usage(FILE *f)
 "                    (default: warn)\n"
 "  URDMA_LOG_FILE    write library log messages to this file (default: stderr)\n"
 "  URDMA_VIEW=0      'urdma run' preloads no view of the device files\n"
+"  URDMA_LINK_LAYER  ethernet (default) or ib: the port's link layer (ib for\n"
+"                    Open MPI's openib BTL; LIDs reach this host only)\n"
 "  URDMA_LIBDIR      directory holding urdma's libibverbs.so.1, used by\n"
 "                    'urdma run' instead of the one found next to this tool\n"
 "                    (BINDIR/../lib in a build tree, BINDIR/%s when\n"

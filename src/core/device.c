@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -218,6 +219,26 @@ static const struct verbs_ex_private cm_link = {
 	.release_held = urdma_release_held,
 };
 
+/*
+ * The port's link layer: Ethernet (RoCE-like: GIDs route, also between
+ * hosts), or with URDMA_LINK_LAYER=ib InfiniBand, for programs that work
+ * only there (Open MPI's openib BTL: its udcm refuses Ethernet).  Nothing
+ * else changes: on one host a LID-only address reaches the QP by its
+ * number; another host is reached by its GID only (no LID routing).
+ */
+static uint8_t link_layer(void)
+{
+	const char *e = getenv("URDMA_LINK_LAYER");
+
+	if (!e || !*e || !strcasecmp(e, "ethernet") || !strcasecmp(e, "eth"))
+		return IBV_LINK_LAYER_ETHERNET;
+	if (!strcasecmp(e, "ib") || !strcasecmp(e, "infiniband"))
+		return IBV_LINK_LAYER_INFINIBAND;
+	urdma_warn("URDMA_LINK_LAYER=%s: not ib or ethernet; Ethernet it is",
+		   e);
+	return IBV_LINK_LAYER_ETHERNET;
+}
+
 struct ibv_context *urdma_open_device(struct ibv_device *dev)
 {
 	struct urdma_context *uctx;
@@ -274,6 +295,7 @@ struct ibv_context *urdma_open_device(struct ibv_device *dev)
 		goto err_free;
 	build_gids(uctx);
 	uctx->lid = 1 + netns_id() % 0xbffe;
+	uctx->link_layer = link_layer();
 
 	ret = -urdma_host_ctx_open(uctx);
 	if (ret) {
@@ -406,7 +428,7 @@ int urdma_query_port(struct ibv_context *c, uint8_t port,
 	a->active_width = 2;  /* 4X */
 	a->active_speed = 32; /* EDR */
 	a->phys_state = 5;    /* LinkUp */
-	a->link_layer = IBV_LINK_LAYER_ETHERNET;
+	a->link_layer = uctx->link_layer;
 	return 0;
 }
 

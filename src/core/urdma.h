@@ -85,6 +85,7 @@ struct urdma_context {
 	struct urdma_gid gids[URDMA_MAX_GID];
 	int num_gids;
 	uint16_t lid;
+	uint8_t link_layer; /* IBV_LINK_LAYER_*: URDMA_LINK_LAYER */
 	/* async events */
 	pthread_mutex_t ev_lock;
 	struct ibv_async_event *events;

@@ -58,6 +58,16 @@ const struct urdma_transport_ops *urdma_pick_transport(struct urdma_qp *qp,
 	/* A UD QP's datagrams each go where their WR says, on this host. */
 	if (qp->ibqp.qp_type == IBV_QPT_UD)
 		return &urdma_ud_transport;
+	/* Another network namespace's LID is another host's, which nothing
+	 * routes to by LID: refused here, not sent to a QP of that number
+	 * on this host (ah_check says the same of address handles). */
+	if (!a->ah_attr.is_global && a->ah_attr.dlid &&
+	    a->ah_attr.dlid != qp->uctx->lid) {
+		urdma_warn("qp %#x: LID %u is not this host's (%u): another "
+			   "host is reached by its GID (is_global)",
+			   qp->ibqp.qp_num, a->ah_attr.dlid, qp->uctx->lid);
+		return NULL;
+	}
 	if (e && !strcmp(e, "shm"))
 		tr = &urdma_shm_transport;
 	else if (e && !strcmp(e, "tcp"))

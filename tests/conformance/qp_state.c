@@ -301,6 +301,28 @@ static void missing_attributes(void *arg)
 	}
 }
 
+/* An address by LID alone reaches this host only (a LID names a host;
+ * nothing routes to another's by LID): RTR to another LID is refused and
+ * the QP stays in INIT; to this host's LID it is taken. */
+static void rtr_by_lid(void *arg)
+{
+	struct fixture f;
+	fixture_open(&f, NULL);
+	bring_to(&f, IBV_QPS_INIT);
+	struct ibv_qp_attr a = rtr_attr(&f);
+	a.ah_attr.is_global = 0;
+	a.ah_attr.dlid = (uint16_t)(f.r.port_attr.lid == 1 ? 2 : f.r.port_attr.lid - 1);
+	int ret = ibv_modify_qp(f.r.qp, &a, RTR_MASK);
+	CHECK(ret != 0, "RTR to LID %u, not this host's (%u): accepted", a.ah_attr.dlid,
+	      f.r.port_attr.lid);
+	expect_state(f.r.qp, IBV_QPS_INIT, "after RTR to another host's LID");
+	a.ah_attr.dlid = f.r.port_attr.lid;
+	ret = ibv_modify_qp(f.r.qp, &a, RTR_MASK);
+	CHECK(ret == 0, "RTR to this host's LID %u: %d", a.ah_attr.dlid, ret);
+	expect_state(f.r.qp, IBV_QPS_RTR, "after RTR to this host's LID");
+	fixture_close(&f);
+}
+
 /* An attribute the transition does not accept: the kernel's
  * ib_modify_qp_is_ok() rejects it with EINVAL, so real devices do too. */
 static void disallowed_attributes(void *arg)
@@ -584,6 +606,7 @@ int main(int argc, char **argv)
 	t_case("post_recv_states", post_recv_states, NULL);
 	t_case("rq_overflow", rq_overflow, NULL);
 	t_case("create_qp_limits", create_qp_limits, NULL);
+	t_case("rtr_by_lid", rtr_by_lid, NULL);
 	t_pair("sq_overflow", sq_overflow_parent, sq_overflow_child, NULL);
 	return t_finish();
 }
