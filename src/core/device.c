@@ -294,7 +294,11 @@ struct ibv_context *urdma_open_device(struct ibv_device *dev)
 	if (uctx->vctx.context.async_fd < 0)
 		goto err_free;
 	build_gids(uctx);
-	uctx->lid = 1 + netns_id() % 0xbffe;
+	/* A LID per host, as the GUID: this machine's and this network
+	 * namespace's (by the namespace alone, every host's first namespace
+	 * had the same LID, and a LID-only address to another host looked
+	 * like one to this host). */
+	uctx->lid = 1 + urdma_dev.guid % 0xbffe;
 	uctx->link_layer = link_layer();
 
 	ret = -urdma_host_ctx_open(uctx);
