@@ -157,6 +157,17 @@ static void build_gids(struct urdma_context *uctx)
 		freeifaddrs(ifa);
 	}
 	uctx->num_gids = n;
+	/* InfiniBand: GID 0, the one programs take by default (Open MPI's
+	 * udcm puts it in every address to another host), is the host's
+	 * first IPv4 address, which routes; the link-local one follows. */
+	if (uctx->link_layer == IBV_LINK_LAYER_INFINIBAND && n > 1 &&
+	    IN6_IS_ADDR_V4MAPPED((struct in6_addr *)uctx->gids[1].gid.raw) &&
+	    uctx->gids[1].gid.raw[12] != 127) {
+		struct urdma_gid t = uctx->gids[0];
+
+		uctx->gids[0] = uctx->gids[1];
+		uctx->gids[1] = t;
+	}
 }
 
 
@@ -265,6 +276,7 @@ struct ibv_context *urdma_open_device(struct ibv_device *dev)
 	pthread_mutex_init(&uctx->lock, NULL);
 	pthread_mutex_init(&uctx->mw_lock, NULL);
 	pthread_mutex_init(&uctx->ev_lock, NULL);
+	pthread_mutex_init(&uctx->lid_lock, NULL);
 	list_init(&uctx->qps);
 	list_init(&uctx->cqs);
 	list_init(&uctx->srqs);
@@ -293,13 +305,13 @@ struct ibv_context *urdma_open_device(struct ibv_device *dev)
 	uctx->vctx.context.async_fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
 	if (uctx->vctx.context.async_fd < 0)
 		goto err_free;
+	uctx->link_layer = link_layer();
 	build_gids(uctx);
 	/* A LID per host, as the GUID: this machine's and this network
 	 * namespace's (by the namespace alone, every host's first namespace
 	 * had the same LID, and a LID-only address to another host looked
 	 * like one to this host). */
 	uctx->lid = 1 + urdma_dev.guid % 0xbffe;
-	uctx->link_layer = link_layer();
 
 	ret = -urdma_host_ctx_open(uctx);
 	if (ret) {
@@ -461,7 +473,9 @@ int urdma_query_gid_ex(struct ibv_context *c, uint32_t port, uint32_t index,
 	e->gid = uctx->gids[index].gid;
 	e->gid_index = index;
 	e->port_num = port;
-	e->gid_type = IBV_GID_TYPE_ROCE_V2;
+	e->gid_type = uctx->link_layer == IBV_LINK_LAYER_INFINIBAND ?
+			      IBV_GID_TYPE_IB :
+			      IBV_GID_TYPE_ROCE_V2;
 	e->ndev_ifindex = uctx->gids[index].ifindex;
 	return 0;
 }

@@ -626,8 +626,13 @@ int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
 	}
 	if (mask & IBV_QP_PORT)
 		qp->attr.port_num = a->port_num;
-	if (mask & IBV_QP_AV)
+	if (mask & IBV_QP_AV) {
+		/* Another host by LID alone goes by the GID learned with that
+		 * LID, if any (ud.c); the QP then shows that GRH. */
 		qp->attr.ah_attr = a->ah_attr;
+		urdma_lid_learn(qp->uctx, &a->ah_attr);
+		urdma_lid_route(qp->uctx, &qp->attr.ah_attr);
+	}
 	if (mask & IBV_QP_PATH_MTU)
 		qp->attr.path_mtu = a->path_mtu;
 	if (mask & IBV_QP_DEST_QPN)

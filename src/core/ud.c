@@ -10,6 +10,7 @@
  */
 #include <endian.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <string.h>
 
 #include "core/urdma.h"
@@ -49,14 +50,91 @@ static int ah_check(const struct urdma_context *uctx,
 	return 0;
 }
 
+/*
+ * Other hosts' LIDs.  A LID names this host only (device.c): nothing
+ * routes one to another host.  An address that carries both another
+ * host's LID and a GID of it (one that a program made: Open MPI's udcm
+ * makes one to each peer before it moves its RC QPs to RTR by LID alone)
+ * teaches this context that pairing, and an address by that LID alone
+ * then goes to that GID.  The newest URDMA_LID_MAP pairs are kept.
+ */
+static bool foreign_lid(const struct urdma_context *uctx, uint16_t lid)
+{
+	return lid && lid < LID_MULTICAST && lid != uctx->lid;
+}
+
+void urdma_lid_learn(struct urdma_context *uctx, const struct ibv_ah_attr *a)
+{
+	unsigned int i;
+
+	if (!a->is_global || !foreign_lid(uctx, a->dlid) ||
+	    a->grh.dgid.raw[0] == 0xff || /* a group */
+	    urdma_gid_is_local(uctx, a->grh.dgid.raw))
+		return;
+	pthread_mutex_lock(&uctx->lid_lock);
+	for (i = 0; i < URDMA_LID_MAP && uctx->lids[i].lid != a->dlid; i++)
+		;
+	if (i == URDMA_LID_MAP)
+		i = uctx->lid_next++ % URDMA_LID_MAP;
+	uctx->lids[i].lid = a->dlid;
+	uctx->lids[i].gid = a->grh.dgid;
+	pthread_mutex_unlock(&uctx->lid_lock);
+}
+
+/* The index of our first GID of the same family as gid (IPv4-mapped or
+ * not), not loopback's; or 0. */
+static uint8_t sgid_for(const struct urdma_context *uctx, const uint8_t *gid)
+{
+	bool v4 = IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)gid);
+
+	for (int i = 0; i < uctx->num_gids; i++) {
+		const uint8_t *g = uctx->gids[i].gid.raw;
+		bool gv4 = IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)g);
+
+		if (gv4 == v4 && !(gv4 && g[12] == 127) &&
+		    !IN6_IS_ADDR_LOOPBACK((const struct in6_addr *)g) &&
+		    !IN6_IS_ADDR_LINKLOCAL((const struct in6_addr *)g))
+			return (uint8_t)i;
+	}
+	return 0;
+}
+
+bool urdma_lid_route(struct urdma_context *uctx, struct ibv_ah_attr *a)
+{
+	bool found = false;
+
+	if (a->is_global || !foreign_lid(uctx, a->dlid))
+		return false;
+	pthread_mutex_lock(&uctx->lid_lock);
+	for (unsigned int i = 0; i < URDMA_LID_MAP && !found; i++) {
+		if (uctx->lids[i].lid != a->dlid)
+			continue;
+		a->is_global = 1;
+		a->grh.dgid = uctx->lids[i].gid;
+		a->grh.hop_limit = 64;
+		found = true;
+	}
+	pthread_mutex_unlock(&uctx->lid_lock);
+	if (found)
+		a->grh.sgid_index = sgid_for(uctx, a->grh.dgid.raw);
+	return found;
+}
+
 struct ibv_ah *urdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 {
+	struct ibv_ah_attr routed;
 	struct urdma_ah *ah;
 	int ret;
 
 	if (!pd || !attr) {
 		errno = EINVAL;
 		return NULL;
+	}
+	urdma_lid_learn(to_uctx(pd->context), attr);
+	if (!attr->is_global) {
+		routed = *attr;
+		if (urdma_lid_route(to_uctx(pd->context), &routed))
+			attr = &routed;
 	}
 	ret = ah_check(to_uctx(pd->context), attr);
 	if (ret) {

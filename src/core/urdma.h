@@ -86,6 +86,14 @@ struct urdma_context {
 	int num_gids;
 	uint16_t lid;
 	uint8_t link_layer; /* IBV_LINK_LAYER_*: URDMA_LINK_LAYER */
+	/* other hosts' LIDs, with the GIDs that came with them (ud.c) */
+#define URDMA_LID_MAP 64
+	pthread_mutex_t lid_lock;
+	struct urdma_lid_gid {
+		uint16_t lid;
+		union ibv_gid gid;
+	} lids[URDMA_LID_MAP];
+	unsigned int lid_next;
 	/* async events */
 	pthread_mutex_t ev_lock;
 	struct ibv_async_event *events;
@@ -824,6 +832,11 @@ int urdma_mcast_members(const uint8_t *gid, uint32_t *qpns, int max);
 
 /* Address handles and what UD receives carry (ud.c). */
 struct ibv_ah *urdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
+/* An address with another host's LID and a GID: remember the pair. */
+void urdma_lid_learn(struct urdma_context *uctx, const struct ibv_ah_attr *a);
+/* An address by another host's LID alone: true if a learned GID now goes
+ * with it (a is made global), false if none is known. */
+bool urdma_lid_route(struct urdma_context *uctx, struct ibv_ah_attr *a);
 int urdma_destroy_ah(struct ibv_ah *ah);
 int urdma_init_ah_from_wc(struct ibv_context *context, uint8_t port_num,
 			  const struct ibv_wc *wc, const struct ibv_grh *grh,

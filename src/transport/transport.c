@@ -59,12 +59,14 @@ const struct urdma_transport_ops *urdma_pick_transport(struct urdma_qp *qp,
 	if (qp->ibqp.qp_type == IBV_QPT_UD)
 		return &urdma_ud_transport;
 	/* Another network namespace's LID is another host's, which nothing
-	 * routes to by LID: refused here, not sent to a QP of that number
-	 * on this host (ah_check says the same of address handles). */
+	 * routes to by LID (unless a GID came with it before: ud.c, and the
+	 * address is global now): refused here, not sent to a QP of that
+	 * number on this host (ah_check says the same of address handles). */
 	if (!a->ah_attr.is_global && a->ah_attr.dlid &&
 	    a->ah_attr.dlid != qp->uctx->lid) {
-		urdma_warn("qp %#x: LID %u is not this host's (%u): another "
-			   "host is reached by its GID (is_global)",
+		urdma_warn("qp %#x: LID %u is not this host's (%u), and no "
+			   "address has told its GID: another host is "
+			   "reached by its GID (is_global)",
 			   qp->ibqp.qp_num, a->ah_attr.dlid, qp->uctx->lid);
 		return NULL;
 	}

@@ -169,7 +169,8 @@ int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num,
 		errno = ret;
 		return -1;
 	}
-	*type = URDMA_GID_SYSFS_ROCE_V2;
+	*type = e.gid_type == IBV_GID_TYPE_IB ? URDMA_GID_SYSFS_IB_ROCE_V1 :
+						URDMA_GID_SYSFS_ROCE_V2;
 	return 0;
 }
 

@@ -321,6 +321,36 @@ static void rtr_by_lid(void *arg)
 	CHECK(ret == 0, "RTR to this host's LID %u: %d", a.ah_attr.dlid, ret);
 	expect_state(f.r.qp, IBV_QPS_RTR, "after RTR to this host's LID");
 	fixture_close(&f);
+
+	/* An address handle with both another host's LID and its GID (as
+	 * Open MPI's udcm makes before it connects by LID): the LID alone
+	 * then goes to that GID. */
+	fixture_open(&f, NULL);
+	bring_to(&f, IBV_QPS_INIT);
+	uint16_t other = (uint16_t)(f.r.port_attr.lid == 2 ? 3 : 2);
+	struct ibv_ah_attr teach = {
+		.is_global = 1, .dlid = other, .port_num = 1,
+		.grh = {.sgid_index = 1, .hop_limit = 64},
+	};
+	teach.grh.dgid.raw[10] = teach.grh.dgid.raw[11] = 0xff;
+	teach.grh.dgid.raw[12] = 192; /* 192.0.2.7: TEST-NET-1, nobody's */
+	teach.grh.dgid.raw[14] = 2;
+	teach.grh.dgid.raw[15] = 7;
+	struct ibv_ah *ah = ibv_create_ah(f.r.pd, &teach);
+	CHECK(ah, "an address handle with LID %u and a GID: %s", other, strerror(errno));
+	a = rtr_attr(&f);
+	a.ah_attr.is_global = 0;
+	a.ah_attr.dlid = other;
+	ret = ibv_modify_qp(f.r.qp, &a, RTR_MASK);
+	CHECK(ret == 0, "RTR to LID %u, whose GID an address handle told: %d", other, ret);
+	struct ibv_qp_attr q;
+	struct ibv_qp_init_attr qi;
+	CHECK(!ibv_query_qp(f.r.qp, &q, IBV_QP_AV, &qi) && q.ah_attr.is_global &&
+	      !memcmp(q.ah_attr.grh.dgid.raw, teach.grh.dgid.raw, 16),
+	      "the QP goes by the GID that came with LID %u", other);
+	if (ah)
+		ibv_destroy_ah(ah);
+	fixture_close(&f);
 }
 
 /* An attribute the transition does not accept: the kernel's

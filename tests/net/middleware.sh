@@ -5,7 +5,8 @@
 # over UCT rc_verbs (am_lat, put_bw zero copy), UCT ud_verbs (am_lat) and
 # UCP (tag_lat, tag_bw, ucp_put_bw, ucp_get); then mpirun, started in A, with one rank in each namespace
 # (its rsh agent is a script that runs the command in B's namespace: no
-# ssh), mpi_check.c with `--mca pml ucx`, every byte checked.  UCX is told
+# ssh), mpi_check.c with `--mca pml ucx`, every byte checked, and with
+# `--mca pml ob1 --mca btl openib,self` on URDMA_LINK_LAYER=ib.  UCX is told
 # nothing of GIDs: its own choice (the first RoCE v2 IPv4 GID) is the
 # host's address, which urdma lists before loopback's.
 # Usage: middleware.sh BUILD_DIR     (exit 0 pass, 1 fail, 77 skip)
@@ -69,6 +70,24 @@ AGENT
             URDMA_SHM_DIR="$WORK/shm-$SRV_NS" mpirun --allow-run-as-root -np 2 --bind-to none \
             --host "$SRV_IP,$CLI_IP" --mca plm_rsh_agent "$WORK/agent.sh" --mca pml ucx \
             -x UCX_TLS=rc_verbs,ud_verbs,self -x UCX_NET_DEVICES=urdma0:1 \
+            "$URDMA" run "$WORK/mpi_check"
+        mpi_result "$name"
+    fi
+fi
+
+# openib (udcm) needs an InfiniBand port, and addresses the other rank by
+# its LID alone: urdma learns the LID's GID from udcm's UD address handle.
+name="net mpi pml ob1, btl openib (URDMA_LINK_LAYER=ib), one rank per namespace"
+if budget_left "$name"; then
+    log "== $name"
+    if [ ! -x "$WORK/mpi_check" ] || [ ! -x "$WORK/agent.sh" ]; then
+        fail "$name" "mpi_check or the agent was not built (see above)"
+    else
+        run_check "$name" "$T" ip netns exec "$SRV_NS" env URDMA_TRANSPORT="$NET_TRANSPORT" \
+            URDMA_SHM_DIR="$WORK/shm-$SRV_NS" URDMA_LINK_LAYER=ib mpirun --allow-run-as-root \
+            -np 2 --bind-to none --host "$SRV_IP,$CLI_IP" --mca plm_rsh_agent "$WORK/agent.sh" \
+            --mca pml ob1 --mca btl openib,self --mca btl_openib_allow_ib 1 \
+            --mca btl_openib_warn_no_device_params_found 0 -x URDMA_LINK_LAYER \
             "$URDMA" run "$WORK/mpi_check"
         mpi_result "$name"
     fi
