@@ -2,14 +2,15 @@
 /*
  * The device, its contexts and what ibv_query_* report.
  *
- * One device, urdma0, one port: ACTIVE, Ethernet link layer, MTU 4096.  The
- * GID table is built from the addresses of the current network namespace:
- * index 0 is a link-local GID from the node GUID, then one IPv4-mapped GID
- * per IPv4 address, then the IPv6 addresses but link-local ones, loopback's
- * last in each family (the first IPv4 GID is one other hosts can reach, as
- * UCX assumes) and always kept (room is reserved for them); all of RoCE v2
- * type.  The LID is derived from the network namespace, so it
- * differs between namespaces and is the same for every process in one.
+ * One device, urdma0, one port: ACTIVE, Ethernet link layer (InfiniBand
+ * with URDMA_LINK_LAYER=ib), MTU 4096.  The GID table is built from the
+ * addresses of the current network namespace: index 0 is a link-local GID
+ * from the node GUID, then one IPv4-mapped GID per IPv4 address, then the
+ * IPv6 addresses but link-local ones, loopback's last in each family (the
+ * first IPv4 GID is one other hosts can reach, as UCX assumes) and always
+ * kept (room is reserved for them); all of RoCE v2 type (IB type, and the
+ * first IPv4 GID at index 0, on InfiniBand).  The LID is one per kernel and
+ * network namespace (host_lid), the same for every process in one.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -231,6 +232,30 @@ static const struct verbs_ex_private cm_link = {
 };
 
 /*
+ * The LID: one per host, that is per kernel (its boot id: the same in
+ * every container of a machine, another on every machine) and network
+ * namespace (the one this context is opened in), so that every process
+ * of a namespace has the same, and a LID-only address to another host is
+ * seen to be one.  By the namespace's inode alone every machine's first
+ * namespace had the same LID (0x4000 here).
+ */
+static uint16_t host_lid(void)
+{
+	char boot[64] = "";
+	uint64_t ns = netns_id(), h;
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+
+	if (f) {
+		if (!fgets(boot, sizeof(boot), f))
+			boot[0] = 0;
+		fclose(f);
+	}
+	h = fnv1a(0xcbf29ce484222325ull, boot, strlen(boot));
+	h = fnv1a(h, &ns, sizeof(ns));
+	return (uint16_t)(1 + h % 0xbffe);
+}
+
+/*
  * The port's link layer: Ethernet (RoCE-like: GIDs route, also between
  * hosts), or with URDMA_LINK_LAYER=ib InfiniBand, for programs that work
  * only there (Open MPI's openib BTL: its udcm refuses Ethernet).  Nothing
@@ -307,11 +332,7 @@ struct ibv_context *urdma_open_device(struct ibv_device *dev)
 		goto err_free;
 	uctx->link_layer = link_layer();
 	build_gids(uctx);
-	/* A LID per host, as the GUID: this machine's and this network
-	 * namespace's (by the namespace alone, every host's first namespace
-	 * had the same LID, and a LID-only address to another host looked
-	 * like one to this host). */
-	uctx->lid = 1 + urdma_dev.guid % 0xbffe;
+	uctx->lid = host_lid();
 
 	ret = -urdma_host_ctx_open(uctx);
 	if (ret) {
@@ -348,6 +369,7 @@ int urdma_close_device(struct ibv_context *ctx)
 	close(ctx->async_fd);
 	urdma_free(uctx->events);
 	urdma_free(uctx->mrs);
+	urdma_free(uctx->lids);
 	urdma_free(uctx);
 	return 0;
 }

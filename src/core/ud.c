@@ -4,9 +4,10 @@
  *
  * An address handle is its attributes, checked: a UD WR copies them when
  * it is posted (sq.c), so the handle may go while WRs that named it are
- * queued.  A LID names this host (its network namespace): another host is
- * reached by GID (transport/ud.c), and so is a multicast group: a
- * multicast LID is EOPNOTSUPP when the handle is made.
+ * queued.  A LID names this host (its machine and network namespace):
+ * another host is reached by GID (transport/ud.c), or by a LID whose GID
+ * an address told before (below); so is a multicast group: a multicast
+ * LID is EOPNOTSUPP when the handle is made.
  */
 #include <endian.h>
 #include <errno.h>
@@ -51,73 +52,96 @@ static int ah_check(const struct urdma_context *uctx,
 }
 
 /*
- * Other hosts' LIDs.  A LID names this host only (device.c): nothing
- * routes one to another host.  An address that carries both another
- * host's LID and a GID of it (one that a program made: Open MPI's udcm
- * makes one to each peer before it moves its RC QPs to RTR by LID alone)
- * teaches this context that pairing, and an address by that LID alone
- * then goes to that GID.  The newest URDMA_LID_MAP pairs are kept.
+ * Other hosts' LIDs.  A LID names one host (machine and network namespace,
+ * device.c): nothing routes one to another host.  An address that carries
+ * both another host's LID and a GID of it (one that a program made: Open
+ * MPI's udcm makes one to each peer before it moves its RC QPs to RTR by
+ * LID alone) teaches this context that pairing, with the source GID index
+ * it used, and an address by that LID alone then goes that way (on the
+ * InfiniBand link layer only, URDMA_LINK_LAYER=ib).  Nothing
+ * is forgotten (a job may start many connections before any reaches
+ * RTR): the table grows.  A LID has 0xbffe values, so two hosts of a job
+ * may share one (about 1 in 1,000 for 10 hosts): a LID learned again
+ * with another GID, or this host's own with a GID not of this host, is
+ * said in a warning.  Only the application's own calls teach: a datagram
+ * from the network says slid 0.
  */
 static bool foreign_lid(const struct urdma_context *uctx, uint16_t lid)
 {
 	return lid && lid < LID_MULTICAST && lid != uctx->lid;
 }
 
+/* The entry of lid, or NULL.  Under lid_lock. */
+static struct urdma_lid_gid *lid_find(struct urdma_context *uctx,
+				      uint16_t lid)
+{
+	for (unsigned int i = 0; i < uctx->nlids; i++)
+		if (uctx->lids[i].lid == lid)
+			return &uctx->lids[i];
+	return NULL;
+}
+
 void urdma_lid_learn(struct urdma_context *uctx, const struct ibv_ah_attr *a)
 {
-	unsigned int i;
+	struct urdma_lid_gid *e;
 
-	if (!a->is_global || !foreign_lid(uctx, a->dlid) ||
+	/* (on Ethernet a LID means nothing next to a GRH: RoCE ignores it,
+	 * and programs put anything there) */
+	if (uctx->link_layer != IBV_LINK_LAYER_INFINIBAND ||
+	    !a->is_global || !a->dlid || a->dlid >= LID_MULTICAST ||
 	    a->grh.dgid.raw[0] == 0xff || /* a group */
 	    urdma_gid_is_local(uctx, a->grh.dgid.raw))
 		return;
-	pthread_mutex_lock(&uctx->lid_lock);
-	for (i = 0; i < URDMA_LID_MAP && uctx->lids[i].lid != a->dlid; i++)
-		;
-	if (i == URDMA_LID_MAP)
-		i = uctx->lid_next++ % URDMA_LID_MAP;
-	uctx->lids[i].lid = a->dlid;
-	uctx->lids[i].gid = a->grh.dgid;
-	pthread_mutex_unlock(&uctx->lid_lock);
-}
-
-/* The index of our first GID of the same family as gid (IPv4-mapped or
- * not), not loopback's; or 0. */
-static uint8_t sgid_for(const struct urdma_context *uctx, const uint8_t *gid)
-{
-	bool v4 = IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)gid);
-
-	for (int i = 0; i < uctx->num_gids; i++) {
-		const uint8_t *g = uctx->gids[i].gid.raw;
-		bool gv4 = IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)g);
-
-		if (gv4 == v4 && !(gv4 && g[12] == 127) &&
-		    !IN6_IS_ADDR_LOOPBACK((const struct in6_addr *)g) &&
-		    !IN6_IS_ADDR_LINKLOCAL((const struct in6_addr *)g))
-			return (uint8_t)i;
+	if (a->dlid == uctx->lid) {
+		urdma_warn("an address gives LID %u, this host's own, to a GID "
+			   "of another host: two hosts share a LID, and an "
+			   "address by that LID alone reaches this one",
+			   a->dlid);
+		return;
 	}
-	return 0;
+	pthread_mutex_lock(&uctx->lid_lock);
+	e = lid_find(uctx, a->dlid);
+	if (e && memcmp(&e->gid, &a->grh.dgid, sizeof(e->gid)))
+		urdma_warn("LID %u was another GID's: two hosts share a LID; "
+			   "it goes to the newer one now", a->dlid);
+	if (!e && uctx->nlids == uctx->lid_cap) {
+		unsigned int cap = uctx->lid_cap ? uctx->lid_cap * 2 : 16;
+		struct urdma_lid_gid *n = urdma_zalloc_array(cap, sizeof(*n));
+
+		if (n) {
+			if (uctx->nlids)
+				memcpy(n, uctx->lids,
+				       uctx->nlids * sizeof(*n));
+			urdma_free(uctx->lids);
+			uctx->lids = n;
+			uctx->lid_cap = cap;
+		}
+	}
+	if (!e && uctx->nlids < uctx->lid_cap)
+		e = &uctx->lids[uctx->nlids++];
+	if (e)
+		*e = (struct urdma_lid_gid){ .lid = a->dlid,
+					     .gid = a->grh.dgid,
+					     .sgid_index = a->grh.sgid_index };
+	pthread_mutex_unlock(&uctx->lid_lock);
 }
 
 bool urdma_lid_route(struct urdma_context *uctx, struct ibv_ah_attr *a)
 {
-	bool found = false;
+	struct urdma_lid_gid *e;
 
 	if (a->is_global || !foreign_lid(uctx, a->dlid))
 		return false;
 	pthread_mutex_lock(&uctx->lid_lock);
-	for (unsigned int i = 0; i < URDMA_LID_MAP && !found; i++) {
-		if (uctx->lids[i].lid != a->dlid)
-			continue;
+	e = lid_find(uctx, a->dlid);
+	if (e) {
 		a->is_global = 1;
-		a->grh.dgid = uctx->lids[i].gid;
+		a->grh.dgid = e->gid;
+		a->grh.sgid_index = e->sgid_index;
 		a->grh.hop_limit = 64;
-		found = true;
 	}
 	pthread_mutex_unlock(&uctx->lid_lock);
-	if (found)
-		a->grh.sgid_index = sgid_for(uctx, a->grh.dgid.raw);
-	return found;
+	return e != NULL;
 }
 
 struct ibv_ah *urdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
@@ -130,7 +154,6 @@ struct ibv_ah *urdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 		errno = EINVAL;
 		return NULL;
 	}
-	urdma_lid_learn(to_uctx(pd->context), attr);
 	if (!attr->is_global) {
 		routed = *attr;
 		if (urdma_lid_route(to_uctx(pd->context), &routed))
@@ -141,6 +164,7 @@ struct ibv_ah *urdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 		errno = ret;
 		return NULL;
 	}
+	urdma_lid_learn(to_uctx(pd->context), attr);
 	ah = urdma_zalloc(sizeof(*ah));
 	if (!ah) {
 		errno = ENOMEM;

@@ -87,13 +87,13 @@ struct urdma_context {
 	uint16_t lid;
 	uint8_t link_layer; /* IBV_LINK_LAYER_*: URDMA_LINK_LAYER */
 	/* other hosts' LIDs, with the GIDs that came with them (ud.c) */
-#define URDMA_LID_MAP 64
 	pthread_mutex_t lid_lock;
 	struct urdma_lid_gid {
 		uint16_t lid;
+		uint8_t sgid_index;
 		union ibv_gid gid;
-	} lids[URDMA_LID_MAP];
-	unsigned int lid_next;
+	} *lids;
+	unsigned int nlids, lid_cap;
 	/* async events */
 	pthread_mutex_t ev_lock;
 	struct ibv_async_event *events;

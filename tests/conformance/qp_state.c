@@ -322,15 +322,19 @@ static void rtr_by_lid(void *arg)
 	expect_state(f.r.qp, IBV_QPS_RTR, "after RTR to this host's LID");
 	fixture_close(&f);
 
-	/* An address handle with both another host's LID and its GID (as
-	 * Open MPI's udcm makes before it connects by LID): the LID alone
-	 * then goes to that GID. */
+	/* On InfiniBand (URDMA_LINK_LAYER=ib), an address handle with both
+	 * another host's LID and its GID (as Open MPI's udcm makes before
+	 * it connects by LID): the LID alone then goes to that GID. */
+	setenv("URDMA_LINK_LAYER", "ib", 1);
 	fixture_open(&f, NULL);
+	unsetenv("URDMA_LINK_LAYER");
+	CHECK(f.r.port_attr.link_layer == IBV_LINK_LAYER_INFINIBAND,
+	      "URDMA_LINK_LAYER=ib: link layer %d", f.r.port_attr.link_layer);
 	bring_to(&f, IBV_QPS_INIT);
 	uint16_t other = (uint16_t)(f.r.port_attr.lid == 2 ? 3 : 2);
 	struct ibv_ah_attr teach = {
 		.is_global = 1, .dlid = other, .port_num = 1,
-		.grh = {.sgid_index = 1, .hop_limit = 64},
+		.grh = {.sgid_index = 0, .hop_limit = 64}, /* (IB: this host's IPv4) */
 	};
 	teach.grh.dgid.raw[10] = teach.grh.dgid.raw[11] = 0xff;
 	teach.grh.dgid.raw[12] = 192; /* 192.0.2.7: TEST-NET-1, nobody's */
@@ -338,6 +342,21 @@ static void rtr_by_lid(void *arg)
 	teach.grh.dgid.raw[15] = 7;
 	struct ibv_ah *ah = ibv_create_ah(f.r.pd, &teach);
 	CHECK(ah, "an address handle with LID %u and a GID: %s", other, strerror(errno));
+	/* ... and many more after it (a job starts many connections before
+	 * one reaches RTR): none is forgotten. */
+	for (int i = 0; i < 100; i++) {
+		struct ibv_ah_attr more = teach;
+
+		more.dlid = (uint16_t)(0x100 + i);
+		if (more.dlid == f.r.port_attr.lid)
+			continue;
+		more.grh.dgid.raw[13] = 1;
+		more.grh.dgid.raw[15] = (uint8_t)i;
+		struct ibv_ah *m = ibv_create_ah(f.r.pd, &more);
+		CHECK(m, "address handle %d: %s", i, strerror(errno));
+		if (m)
+			ibv_destroy_ah(m);
+	}
 	a = rtr_attr(&f);
 	a.ah_attr.is_global = 0;
 	a.ah_attr.dlid = other;
