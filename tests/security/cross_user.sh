@@ -37,7 +37,8 @@ cleanup_user() {
     rm -rf "/dev/shm/urdma-$uid"
     userdel "$TU" 2>/dev/null
 }
-trap 'cleanup_user; compat_cleanup' EXIT
+XNS=urdma-xu-$$ # tcp_wrong_address's own network namespace (below)
+trap 'cleanup_user; ip netns del "$XNS" 2>/dev/null; compat_cleanup' EXIT
 useradd -M -r -s /usr/sbin/nologin "$TU" || { log "FAIL: useradd $TU"; exit 1; }
 TUID=$(id -u "$TU")
 
@@ -100,19 +101,21 @@ for dir in root_user user_root; do
 done
 
 # impostor NAME DGID JOINER WANT_JOIN WANT_VICTIM: root's victim QP expects
-# its peer at DGID; JOINER ("root" or "user") claims to be that peer.
+# its peer at DGID; JOINER ("root" or "user") claims to be that peer.  Both
+# run in network namespace $IMPOSTOR_NS if it is set.
 impostor() {
     local name=$1 dgid=$2 who=$3 want_join=$4 want_victim=$5 a b vpid jrc vrc
-    local run="$ROOT_RUN"
+    local run="$ROOT_RUN" ns=""
     [ "$who" = user ] && run="$USER_RUN"
+    [ -n "${IMPOSTOR_NS:-}" ] && ns="ip netns exec $IMPOSTOR_NS"
     budget_left "$name" || return 0
-    env URDMA_TRANSPORT=tcp timeout 20 $ROOT_RUN "$WORK/u/bin/tcp_impostor" victim "$dgid" 3 \
+    $ns env URDMA_TRANSPORT=tcp timeout 20 $ROOT_RUN "$WORK/u/bin/tcp_impostor" victim "$dgid" 3 \
         >"$WORK/$name.victim" 2>&1 &
     vpid=$!
     COMPAT_BG_PIDS+=("$vpid")
     for _ in $(seq 50); do [ -s "$WORK/$name.victim" ] && break; sleep 0.1; done
     read -r a b <"$WORK/$name.victim"
-    timeout 20 $run "$WORK/u/bin/tcp_impostor" join "$a" "$b" >"$WORK/$name.join" 2>&1
+    $ns timeout 20 $run "$WORK/u/bin/tcp_impostor" join "$a" "$b" >"$WORK/$name.join" 2>&1
     jrc=$?
     wait "$vpid"
     vrc=$?
@@ -125,7 +128,14 @@ impostor() {
     fi
 }
 impostor tcp_user_claims_root_peer lid user 0 0
-impostor tcp_wrong_address 192.0.2.99 root 0 0
+# (in a namespace of its own, with loopback only: 192.0.2.99 has no route
+# there, so nothing the victim's QP tries leaves the host)
+if ip netns add "$XNS" 2>/dev/null && ip -n "$XNS" link set lo up; then
+    IMPOSTOR_NS=$XNS impostor tcp_wrong_address 192.0.2.99 root 0 0
+    ip netns del "$XNS"
+else
+    fail tcp_wrong_address "no network namespace of its own"
+fi
 impostor tcp_root_claims_root_peer lid root 3 3
 
 # A host directory the other user made, with what they planted in it: a
