@@ -106,13 +106,11 @@ void urdma_lid_learn(struct urdma_context *uctx, const struct ibv_ah_attr *a)
 			   "it goes to the newer one now", a->dlid);
 	if (!e && uctx->nlids == uctx->lid_cap) {
 		unsigned int cap = uctx->lid_cap ? uctx->lid_cap * 2 : 16;
-		struct urdma_lid_gid *n = urdma_zalloc_array(cap, sizeof(*n));
+		struct urdma_lid_gid *n = urdma_ring_move(
+			uctx->lids, uctx->lid_cap, 0, uctx->nlids, cap,
+			sizeof(*n));
 
 		if (n) {
-			if (uctx->nlids)
-				memcpy(n, uctx->lids,
-				       uctx->nlids * sizeof(*n));
-			urdma_free(uctx->lids);
 			uctx->lids = n;
 			uctx->lid_cap = cap;
 		}
