@@ -92,15 +92,21 @@ struct cma_id *cma_find(uint64_t handle)
 
 /*
  * Deadlines: the ids waiting for their socket to connect or for a REQ are
- * on cma_timers, and cma_timer_low is at most the earliest of their
- * deadlines (0: none), so that the CM thread's timeout and its expiry pass
- * walk nothing until a deadline may have come.  Under cma_lock.
+ * on cma_timers, earliest first (every deadline is now + CMA_*_TIMEOUT_MS,
+ * so a new one almost always goes last), so that the CM thread's timeout
+ * and its expiry pass look at the first alone.  Under cma_lock.
  */
 static struct list_head cma_timers = LIST_HEAD_INIT(cma_timers);
-static uint64_t cma_timer_low;
 /* When the CM thread looks at the deadlines next, by its epoll timeout
  * (0: only when something wakes it). */
 static uint64_t cma_wake_ns;
+
+static struct cma_id *cma_first_timer(void)
+{
+	return list_empty(&cma_timers) ?
+		       NULL :
+		       list_entry(cma_timers.next, struct cma_id, tnode);
+}
 
 /* Give cid a deadline ms from now, or none (0).  True if the CM thread
  * must be woken (cma_kick) to wait less: it would look after the
@@ -108,52 +114,47 @@ static uint64_t cma_wake_ns;
  * go). */
 bool cma_deadline(struct cma_id *cid, unsigned int ms)
 {
+	struct list_head *at = &cma_timers; /* cid goes before it */
+
 	if (cid->deadline_ns) {
 		list_del(&cid->tnode);
 		cid->deadline_ns = 0;
-		if (list_empty(&cma_timers))
-			cma_timer_low = 0;
 	}
 	if (!ms)
 		return false;
 	cid->deadline_ns = urdma_now_ns() + ms * 1000000ull;
-	list_add_tail(&cid->tnode, &cma_timers);
-	if (!cma_timer_low || cid->deadline_ns < cma_timer_low)
-		cma_timer_low = cid->deadline_ns;
+	while (at->prev != &cma_timers &&
+	       list_entry(at->prev, struct cma_id, tnode)->deadline_ns >
+		       cid->deadline_ns)
+		at = at->prev;
+	list_add_tail(&cid->tnode, at);
 	return !cma_wake_ns || cid->deadline_ns < cma_wake_ns;
 }
 
 void cma_expire(uint64_t now)
 {
-	struct cma_id *cid, *n;
-	uint64_t low = 0;
+	struct cma_id *cid;
 
-	if (!cma_timer_low || now < cma_timer_low)
-		return;
-	list_for_each_entry_safe(cid, n, &cma_timers, tnode) {
-		if (cid->deadline_ns > now) {
-			if (!low || cid->deadline_ns < low)
-				low = cid->deadline_ns;
-			continue;
-		}
+	while ((cid = cma_first_timer()) && cid->deadline_ns <= now) {
 		cma_deadline(cid, 0);
 		cma_closed(cid, -ETIMEDOUT);
 	}
-	cma_timer_low = list_empty(&cma_timers) ? 0 : low;
 }
 
 /* The CM thread's epoll timeout, which sets cma_wake_ns. */
 static int cma_next_timeout_ms(void)
 {
+	struct cma_id *first = cma_first_timer();
 	uint64_t now = urdma_now_ns();
 	int ms;
 
-	if (!cma_timer_low) {
+	if (!first) {
 		cma_wake_ns = 0;
 		return -1;
 	}
-	ms = cma_timer_low <= now ? 0 :
-				    (int)((cma_timer_low - now) / 1000000 + 1);
+	ms = first->deadline_ns <= now ?
+		     0 :
+		     (int)((first->deadline_ns - now) / 1000000 + 1);
 	cma_wake_ns = now + (uint64_t)ms * 1000000ull;
 	return ms;
 }
