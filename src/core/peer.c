@@ -270,19 +270,29 @@ static int peer_connect(struct urdma_peer *p)
 	return 0;
 }
 
+/* Our live peer for ctx_id, or NULL.  Under urdma_proc.lock. */
+static struct urdma_peer *peer_find(uint32_t ctx_id)
+{
+	struct urdma_peer *p;
+
+	list_for_each_entry(p, &peers, node)
+		if (p->ctx_id == ctx_id && !atomic_load(&p->dead) &&
+		    atomic_load(&p->state) != PEER_FAILED)
+			return p;
+	return NULL;
+}
+
 struct urdma_peer *urdma_peer_get(uint32_t ctx_id)
 {
 	struct urdma_peer *p;
 	int own, ret;
 
 	pthread_mutex_lock(&urdma_proc.lock);
-	list_for_each_entry(p, &peers, node) {
-		if (p->ctx_id == ctx_id && !atomic_load(&p->dead) &&
-		    atomic_load(&p->state) != PEER_FAILED) {
-			p->refcnt++;
-			pthread_mutex_unlock(&urdma_proc.lock);
-			return p;
-		}
+	p = peer_find(ctx_id);
+	if (p) {
+		p->refcnt++;
+		pthread_mutex_unlock(&urdma_proc.lock);
+		return p;
 	}
 	p = urdma_zalloc(sizeof(*p));
 	if (!p) {
@@ -375,17 +385,10 @@ void urdma_peer_set(struct urdma_peer **slot, struct urdma_peer *p)
 
 bool urdma_peer_known(uint32_t ctx_id)
 {
-	struct urdma_peer *p;
 	bool known;
 
 	pthread_mutex_lock(&urdma_proc.lock);
-	known = urdma_host_own_mrs(ctx_id) >= 0;
-	list_for_each_entry(p, &peers, node) {
-		if (known)
-			break;
-		known = p->ctx_id == ctx_id && !atomic_load(&p->dead) &&
-			atomic_load(&p->state) != PEER_FAILED;
-	}
+	known = urdma_host_own_mrs(ctx_id) >= 0 || peer_find(ctx_id);
 	pthread_mutex_unlock(&urdma_proc.lock);
 	return known;
 }
