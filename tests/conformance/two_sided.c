@@ -695,8 +695,7 @@ static void iova_parent(struct t_peer *p, void *arg)
 	side_open(&s, NULL, 4096);
 	t_connect_pair(p, &s.r, s.mr, NULL);
 	t_barrier(p); /* receives posted */
-	for (int i = 0; i < 4096; i++)
-		s.buf[i] = (char)(i * 7 + 1);
+	t_pattern_fill(s.buf, 4096, 7);
 	for (int k = 0; k < 2; k++) {
 		REQUIRE(t_post_send(s.r.qp, (uint64_t)k, IBV_WR_SEND, s.buf, iova_lens[k],
 				    s.mr->lkey, IBV_SEND_SIGNALED, 0, 0) == 0, "ibv_post_send");
@@ -724,10 +723,8 @@ static void iova_child(struct t_peer *p, void *arg)
 		t_expect_wc(s.r.recv_cq, &wc, (uint64_t)k, IBV_WC_SUCCESS, IBV_WC_RECV, "receive");
 		CHECK(wc.byte_len == iova_lens[k], "receive %d: %u bytes, not %u", k, wc.byte_len,
 		      iova_lens[k]);
-		for (uint32_t i = 0; i < iova_lens[k]; i++)
-			if (!CHECK(buf[iova_offs[k] + i] == (char)(i * 7 + 1),
-				   "%u-byte receive: byte %u", iova_lens[k], i))
-				break;
+		long bad = t_pattern_check(buf + iova_offs[k], iova_lens[k], 7);
+		CHECK(bad < 0, "%u-byte receive: byte %ld", iova_lens[k], bad);
 	}
 	t_barrier(p);
 	CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
