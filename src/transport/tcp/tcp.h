@@ -349,7 +349,6 @@ void tcp_armed(struct urdma_qp *qp);
 /* tcp_transport.c */
 int tcp_peer_addr(struct urdma_qp *qp, const struct ibv_qp_attr *attr,
 		     struct sockaddr_in6 *sa);
-void tx_flush_tail(struct tcp_conn *c, uint32_t tag);
 void tx_frame_ctrl(struct tcp_conn *c, struct tx_seg *s, unsigned op,
 		   uint32_t qn, const void *body, uint32_t blen, uint32_t ulp);
 enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,

@@ -190,7 +190,7 @@ static struct tcp_ord *ord_get(struct tcp_conn *c, struct urdma_qp *qp)
 /* The flush Read goes out in the same writev as the end of the message it
  * follows, so a peer that takes the message also finds the Read (and
  * answers it) before its application can see the completion and exit. */
-void tx_flush_tail(struct tcp_conn *c, uint32_t tag)
+static void tx_flush_tail(struct tcp_conn *c, uint32_t tag)
 {
 	struct rdmap_read_req rr = { .sink_stag = htonl(tag) };
 

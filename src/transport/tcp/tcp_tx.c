@@ -578,8 +578,9 @@ static int rsp_take(struct tcp_conn *c, struct tx_seg *seg, struct iovec *iov,
 
 /*
  * Send one message (see tcp_frame), waiting for room.  Queued responses go
- * first (those without data in the same writev), a pending tail
- * (tx_flush_tail) last, in the same writev.  A Write takes the answers
+ * first (those without data in the same writev); the FPDUs framed to ride
+ * with it (tx_frame_ctrl) go in the same writev: tx_head before the
+ * message, the tx_tail ones after its end.  A Write takes the answers
  * without data at its end instead, before the tail, when nothing with
  * data waits: a peer that waits for its own message's completion (an
  * answer) then goes on receiving until our Write is all there, and does
