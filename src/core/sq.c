@@ -131,14 +131,23 @@ static bool sq_retry_exceeded(struct urdma_qp *qp, struct urdma_swqe *wqe,
 	uint64_t now = urdma_now_ns(), waited, budget;
 
 	if (!wqe->first_try_ns)
-		wqe->first_try_ns = now;
+		wqe->first_try_ns = wqe->budget_from_ns = now;
 	waited = now - wqe->first_try_ns;
 	/* Waiting for a way that is still being set up, while set-ups move,
 	 * does not fail the WR, up to SETUP_WAIT_NS: past that (a peer that
 	 * refuses us while other streams keep coming up) it fails as any
-	 * other.  Once set-ups stop, the budget counts from the first try. */
-	if (r == URDMA_TX_SETTING_UP && waited < SETUP_WAIT_NS)
+	 * other.  Once set-ups stop, the budget counts from the first look
+	 * that found them stopped, not from the first try: a process that
+	 * was not run for a second (a busy host; qp_scale QS_STALL_MS) finds
+	 * on waking that no stream came up for that second before its
+	 * progress thread has had a turn to bring them up; counted from the
+	 * first try, every WR still waiting failed at once. */
+	if (r == URDMA_TX_SETTING_UP && waited < SETUP_WAIT_NS) {
+		wqe->budget_from_ns = 0;
 		return false;
+	}
+	if (!wqe->budget_from_ns)
+		wqe->budget_from_ns = now;
 	/* UC waits for no responder: once messages have found no way to it
 	 * for a while (its QP is not there yet or is gone, the stream is not
 	 * up), they go into the void, as a NIC's would, and complete; those
@@ -175,7 +184,7 @@ static bool sq_retry_exceeded(struct urdma_qp *qp, struct urdma_swqe *wqe,
 		return false;
 	}
 	budget = urdma_qp_retry_ns(qp);
-	if (budget && waited > budget) {
+	if (budget && now - wqe->budget_from_ns > budget) {
 		*status = IBV_WC_RETRY_EXC_ERR;
 		return true;
 	}

@@ -209,6 +209,9 @@ struct urdma_swqe {
 	uint64_t compare_add;
 	uint64_t swap;
 	uint64_t first_try_ns;
+	/* Where its retry budget counts from (sq_retry_exceeded): its first
+	 * try, or its first look once the set-ups it waited on stopped. */
+	uint64_t budget_from_ns;
 	uint32_t opcode; /* enum ibv_wr_opcode */
 	uint32_t send_flags;
 	uint32_t num_sge;

@@ -21,7 +21,9 @@
  *   qp_scale --max              create QPs up to the device's max_qp: the
  *                               next fails with ENOMEM.
  * QS_TIMEOUT sets the QPs' timeout attribute (default 14: a retry budget of
- * 0.54 s with retry_cnt 7).
+ * 0.54 s with retry_cnt 7).  QS_STALL_MS=T stops the whole writer (SIGSTOP,
+ * from a child) for T ms once it has posted its Writes, as a busy host's
+ * scheduler may: the Writes still waiting for their streams must not fail.
  * Prints one "qp_scale: ..." line per side; exits 0 when every check held.
  */
 #ifndef _GNU_SOURCE
@@ -29,6 +31,7 @@
 #endif
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <infiniband/verbs.h>
@@ -178,6 +181,24 @@ static void raise_nofile(void)
 	}
 }
 
+
+/* Stop this process, every thread of it, for ms milliseconds. */
+static void stall_me(int ms)
+{
+	pid_t me = getpid(), pid = fork();
+	int st;
+
+	if (pid < 0)
+		DIE("fork: %m");
+	if (!pid) {
+		kill(me, SIGSTOP);
+		usleep(ms * 1000);
+		kill(me, SIGCONT);
+		_exit(0);
+	}
+	if (waitpid(pid, &st, 0) != pid)
+		DIE("waitpid: %m");
+}
 
 static int run(int sock, bool writer, int n, const char *limit)
 {
@@ -345,6 +366,8 @@ static int run(int sock, bool writer, int n, const char *limit)
 				outstanding -= k > 0 ? k : 0;
 			}
 		}
+		if (getenv("QS_STALL_MS"))
+			stall_me(atoi(getenv("QS_STALL_MS")));
 		end = now_s() + 120;
 		while (outstanding && now_s() < end) {
 			struct ibv_wc wc[64];
