@@ -154,7 +154,8 @@ struct tcp_conn {
 	_Atomic uint64_t last_poll_ns; /* an application thread polled */
 	uint64_t rx_bytes;     /* received so far (rx_lock) */
 	uint32_t rx_writes;    /* Writes placed whole (rx_lock) */
-	unsigned quiet_polls;  /* application polls that received nothing */
+	uint32_t rx_msgs;      /* messages of any kind taken whole (rx_lock) */
+	unsigned quiet_polls;  /* application polls that took no message */
 	/* Until then (urdma_now_ns), a receiving poll unparks at once: its
 	 * application left a TXP_RECV park to tcp_maintain while bytes came
 	 * that it did not read, so it does not answer what it receives (it

@@ -192,23 +192,24 @@ void tcp_poll(struct urdma_qp *qp)
 	 * takes it from there (tcp_maintain). */
 	if (!c || atomic_load(&c->state) != C_UP || atomic_load(&c->dead))
 		return;
-	uint64_t seen, now = urdma_now_ns();
+	uint64_t now = urdma_now_ns();
 	uint64_t prev = atomic_load_explicit(&c->last_poll_ns,
 					     memory_order_relaxed);
-	uint32_t recvs, writes;
+	uint32_t recvs, writes, msgs;
 	bool quiet;
 
 	atomic_store_explicit(&c->last_poll_ns, now, memory_order_relaxed);
 	if (pthread_mutex_trylock(&c->rx_lock))
 		return;
-	seen = c->rx_bytes;
+	msgs = c->rx_msgs;
 	writes = c->rx_writes;
 	recvs = c->rx_recvs;
 	if (c->rlen || atomic_load(&c->stalled) || rx_ready(c))
 		rx_locked(c, HOLD_APP_NS);
-	/* Polls that find nothing, back to back (a poll loop, not one poll
-	 * per call of an application that then spins on memory). */
-	if (c->rx_bytes != seen)
+	/* Polls that take no message, back to back (a poll loop, not one
+	 * poll per call of an application that then spins on memory).  Part
+	 * of a message is nothing yet: the application still waits for it. */
+	if (c->rx_msgs != msgs)
 		c->quiet_polls = 0;
 	else if (now - prev < TIGHT_POLL_NS)
 		c->quiet_polls++;
@@ -223,18 +224,23 @@ void tcp_poll(struct urdma_qp *qp)
 	 * its send gives the stream back once the answer is on its way
 	 * (TXP_RECV, tx_unpark); an unpark here would put a system call
 	 * between the message and the answer.  A close poll after it keeps
-	 * that.  Unless this application was lately found not answering
-	 * (spins_until: it spun on memory for a Write still to come, and
-	 * tcp_maintain had to unpark): then, as for anything else received
-	 * (an answer), the stream goes back now. */
+	 * that.  So does one that took an answer (a flush Read's Response)
+	 * with part of the next message behind it: that message is still
+	 * arriving; unparked, the progress thread took its rest while the
+	 * polls waited for it (64 KiB ib_send_lat over TCP: 0.7 wake-ups and
+	 * 2 futex calls a message on each side).  Unless this application
+	 * was lately found not answering (spins_until: it spun on memory for
+	 * a Write still to come, and tcp_maintain had to unpark): then, as
+	 * for anything else received (an answer), the stream goes back
+	 * now. */
 	if (!c->qp || atomic_load(&c->qp->shm->notify)) {
 		conn_park(c, false); /* the application is about to sleep */
 	} else if (quiet) {
 		conn_park(c, true);
 	} else if (atomic_load(&c->parked) && !c->quiet_polls &&
 		   now >= c->spins_until &&
-		   (c->rx_recvs != recvs ||
-		    c->rx_writes != writes)) {
+		   (c->rx_recvs != recvs || c->rx_writes != writes ||
+		    (c->rlen && !atomic_load(&c->stalled)))) {
 		uint8_t none = TXP_NONE;
 
 		atomic_compare_exchange_strong(&c->tx_parked, &none, TXP_RECV);

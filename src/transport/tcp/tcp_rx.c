@@ -699,6 +699,7 @@ static void rx_pass(struct tcp_conn *c)
 				rx_fail(c, term, m.hdr, m.hdr_len);
 				return;
 			}
+			c->rx_msgs += m.last;
 			off += n;
 		}
 		if (off) {
