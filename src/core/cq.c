@@ -154,8 +154,12 @@ void urdma_cq_moderation_due(struct urdma_cq *cq, uint64_t now)
 {
 	uint64_t due = atomic_load(&cq->mod_due);
 
-	if (!due || now < due)
+	if (!due)
 		return;
+	if (now < due) { /* a pass asked for earlier brought this one */
+		urdma_progress_by(due);
+		return;
+	}
 	pthread_mutex_lock(&cq->lock);
 	cq_fire_locked(cq);
 	pthread_mutex_unlock(&cq->lock);

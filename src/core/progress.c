@@ -55,7 +55,11 @@ void urdma_progress_kick(void)
 /* A pass by time t (urdma_now_ns) at the latest.  Costs a system call
  * only when the thread sleeps past t.  The thread publishes sleep_end
  * before it reads due, and we the reverse: either it sees t, or we see
- * its sleep and wake it. */
+ * its sleep and wake it.  Only the earliest time asked for is kept: the
+ * pass it brings may come before t, and then the caller's hook in that
+ * pass (a transport's maintain or tick, urdma_cq_moderation_due) must ask
+ * again for what is still ahead.  One that did not left a held answer to
+ * the 200 ms idle pass (conf_two_sided tcp_held_answer_goes). */
 void urdma_progress_by(uint64_t t)
 {
 	uint64_t d = atomic_load(&due);

@@ -184,9 +184,14 @@ static void pending_admit(void)
 
 void tcp_tick(void)
 {
-	if (!atomic_load(&T.paused) ||
-	    urdma_now_ns() < atomic_load(&T.look_ns))
+	uint64_t look = atomic_load(&T.look_ns);
+
+	if (!atomic_load(&T.paused))
 		return;
+	if (urdma_now_ns() < look) { /* brought by an earlier request */
+		urdma_progress_by(look);
+		return;
+	}
 	pthread_mutex_lock(&T.lock);
 	if (atomic_load(&T.paused) &&
 	    urdma_now_ns() >= atomic_load(&T.look_ns))

@@ -459,11 +459,18 @@ void rsp_send(struct tcp_conn *c)
 	tx_fin(c); /* a stream given up while we held tx_lock */
 }
 
-/* The queued responses, if the oldest is due (rsp_push). */
+/* The queued responses, if the oldest is due (rsp_push); if not, a pass
+ * by then (one asked for earlier may have brought this one). */
 void rsp_send_due(struct tcp_conn *c)
 {
-	if (atomic_load(&c->rsp_n) && urdma_now_ns() >= atomic_load(&c->rsp_due))
+	uint64_t due = atomic_load(&c->rsp_due);
+
+	if (!atomic_load(&c->rsp_n))
+		return;
+	if (urdma_now_ns() >= due)
 		rsp_send(c);
+	else
+		urdma_progress_by(due);
 }
 
 void tx_unlock(struct tcp_conn *c)
