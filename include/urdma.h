@@ -60,7 +60,9 @@ typedef struct urdma_cfg {
 	uint32_t flags;		 /* URDMA_CFG_* */
 	int spin_us;		 /* a blocking urdma_poll or urdma_wait
 				  * polls the CQ this long before it
-				  * sleeps; -1: never (30) */
+				  * sleeps; -1: never (0: 30, longer
+				  * for waits that lately took up to
+				  * 250) */
 	uint32_t reserved[6];	 /* zero */
 } urdma_cfg;
 

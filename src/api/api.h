@@ -194,6 +194,9 @@ struct urdma_ctx {
 	bool in_progress; /* events pushed now are taken before returning */
 	bool fd_given;	  /* urdma_ctx_fd was called: someone may sleep on it */
 	uint8_t spin_miss; /* waits in a row that a spin would not have met */
+	bool spin_auto;	   /* spin_us left to us: spin_ns follows the waits */
+	uint64_t spin_ns;  /* how long a wait polls before it sleeps */
+	uint64_t wait_ns;  /* spin_auto: recent waits that slept, averaged */
 	uint16_t probe_wait, probe_every; /* ctx.c spin_first */
 	uint64_t fds_ns;   /* when progress() last looked at the fds */
 	/* pool */

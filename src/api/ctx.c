@@ -19,7 +19,9 @@
  * answers within it costs no system call on either side.  Adaptive: after
  * eight waits in a row that each took over SPIN_LONG_NS, it sleeps at once,
  * until a sleep ends within that or a probe spin (one wait in 16, then
- * ever fewer) meets its event.
+ * ever fewer) meets its event.  With spin_us left at 0 the spin also
+ * stretches to waits that outlast 30 us, up to SPIN_AUTO_MAX_NS: one and a
+ * half times the recent waits that slept (spin_learn).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -50,6 +52,11 @@
 #define PROBE_MIN 16	/* then one wait in this many spins anyway, */
 #define PROBE_MAX 1024	/* one in twice as many after each that missed */
 #define FD_LOOK_NS 50000ull /* see progress() */
+/* The longest spin_auto stretches a spin to.  A 64 KiB echo over TCP
+ * takes 50-60 us a round trip here: each wait outlasted the fixed 30 us,
+ * then slept, and its wake-up (the progress thread receiving, an eventfd
+ * write, epoll_wait) came on top, on both sides. */
+#define SPIN_AUTO_MAX_NS 250000ull
 
 static int cfg_check(urdma_cfg *c)
 {
@@ -74,8 +81,6 @@ static int cfg_check(urdma_cfg *c)
 		c->connect_timeout_ms = DEF_CONNECT_MS;
 	if (!c->op_timeout_ms)
 		c->op_timeout_ms = DEF_OP_MS;
-	if (!c->spin_us)
-		c->spin_us = DEF_SPIN_US;
 	/* Credits (conn.c): the last one is kept for updates, and an update
 	 * goes when half the depth is owed; below 4 that could ping-pong. */
 	if (c->queue_depth < 4 || c->queue_depth > 8192 ||
@@ -133,6 +138,10 @@ API_EXPORT urdma_ctx *urdma_ctx_create(const urdma_cfg *cfg)
 		errno = -err;
 		return NULL;
 	}
+	ctx->spin_auto = !ctx->cfg.spin_us;
+	if (ctx->spin_auto)
+		ctx->cfg.spin_us = DEF_SPIN_US;
+	ctx->spin_ns = ctx->cfg.spin_us > 0 ? ctx->cfg.spin_us * 1000ull : 0;
 	errno = 0; /* fail: below says what the step that failed set */
 	ctx->threadsafe = ctx->cfg.flags & URDMA_CFG_THREADSAFE;
 	ctx->probe_every = PROBE_MIN;
@@ -584,7 +593,7 @@ static int match(const urdma_ctx *ctx, const urdma_conn *conn, int type)
 #define SPIN_TURNS 16
 static bool spin(urdma_ctx *ctx, urdma_conn *conn, int type, uint64_t now)
 {
-	uint64_t end = now + (uint64_t)ctx->cfg.spin_us * 1000ull;
+	uint64_t end = now + ctx->spin_ns;
 	unsigned int turn = 0;
 	bool met;
 
@@ -618,13 +627,29 @@ static bool spin_first(urdma_ctx *ctx, bool *probe)
 
 /* After a wait that began at start_ns: was it short enough to be worth a
  * spin?  (One that did not sleep was: no clock read then, as the caller
- * has its event.) */
+ * has its event.)  With spin_auto, one that slept and still ended within
+ * SPIN_LONG_NS sets the next spins: 1.5 times the recent such waits, if
+ * that is within SPIN_AUTO_MAX_NS; otherwise spinning longer would not
+ * meet them either, and the spin is spin_us again. */
 static void spin_learn(urdma_ctx *ctx, bool slept, bool probe,
 		       uint64_t start_ns)
 {
-	if (!slept || urdma_now_ns() - start_ns <= SPIN_LONG_NS) {
+	uint64_t took = slept ? urdma_now_ns() - start_ns : 0;
+
+	if (took <= SPIN_LONG_NS) {
 		ctx->spin_miss = 0;
 		ctx->probe_every = PROBE_MIN;
+		if (slept && ctx->spin_auto) {
+			uint64_t base = ctx->cfg.spin_us * 1000ull, want;
+
+			ctx->wait_ns = ctx->wait_ns ?
+					       (3 * ctx->wait_ns + took) / 4 :
+					       took;
+			want = ctx->wait_ns + ctx->wait_ns / 2;
+			ctx->spin_ns = want > base && want <= SPIN_AUTO_MAX_NS ?
+					       want :
+					       base;
+		}
 		return;
 	}
 	ctx->spin_miss += ctx->spin_miss < SPIN_MISSES;
