@@ -18,6 +18,15 @@
 #define TX_IOV 64
 #define TX_TAILS 2 /* FPDUs riding at a message's end (tx_tail) */
 #define TX_GATHER 4608 /* a write that goes out from one buffer (tx_flat) */
+/* Small messages held back in user space (tx_hold): one of at most
+ * TX_HOLD_MSG bytes (its FPDUs and those riding with it), posted within
+ * TX_HOLD_GAP_NS of the end of the last write, waits for the next write,
+ * up to TX_HOLD_MAX bytes, or for the application's next poll of a CQ,
+ * or TX_HOLD_NS at most (the progress thread). */
+#define TX_HOLD_MSG 512
+#define TX_HOLD_MAX 4096
+#define TX_HOLD_GAP_NS 4000ull
+#define TX_HOLD_NS 50000ull
 #define RSP_SEGS 16	     /* FPDUs (and responses) per response write */
 #define RSP_TAKE 8	     /* data-less responses sent with a message */
 #define RSP_MAX (1u << 16) /* queued responses before the peer is cut off */
@@ -177,6 +186,14 @@ struct tcp_conn {
 	 * MSG_MORE (tx_msg), and corked says so until tcp_flush pushes. */
 	bool tx_more;
 	_Atomic bool corked;
+	/* Small messages held back for the next write (tx_hold): whole
+	 * FPDUs, hold_off of hold_len bytes of them sent; held says there
+	 * are some, for a look without tx_lock.  last_tx_ns: when the last
+	 * write ended. */
+	uint8_t *hold;
+	uint32_t hold_len, hold_off;
+	_Atomic bool held;
+	uint64_t last_tx_ns;
 	uint8_t tx_buf[TX_GATHER]; /* a small write, as one buffer (tx_flat) */
 	/* The unsent end of an FPDU that a non-blocking write cut: it goes
 	 * before anything else. */
@@ -300,7 +317,7 @@ void conn_watch(struct tcp_conn *c);
 void rsp_send(struct tcp_conn *c);
 void rsp_send_due(struct tcp_conn *c);
 void tx_unlock(struct tcp_conn *c);
-int tx_all(struct tcp_conn *c, struct iovec *iov, int n, bool more);
+void tx_hold_push(struct tcp_conn *c);
 int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		  const struct urdma_span *sp, int nsp, uint64_t len);
 uint32_t tcp_put_untagged_inv(uint8_t *h, unsigned op, uint32_t qn,

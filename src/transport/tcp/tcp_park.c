@@ -192,6 +192,7 @@ void tcp_poll(struct urdma_qp *qp)
 	 * takes it from there (tcp_maintain). */
 	if (!c || atomic_load(&c->state) != C_UP || atomic_load(&c->dead))
 		return;
+	tx_hold_push(c); /* the application may wait for their answers */
 	uint64_t now = urdma_now_ns();
 	uint64_t prev = atomic_load_explicit(&c->last_poll_ns,
 					     memory_order_relaxed);
@@ -263,6 +264,7 @@ void tcp_drain(struct urdma_qp *qp)
 
 	if (!c || atomic_load(&c->state) != C_UP || atomic_load(&c->dead))
 		return;
+	tx_hold_push(c);
 	pthread_mutex_lock(&c->rx_lock);
 	if (c->rlen || atomic_load(&c->stalled) || rx_ready(c))
 		rx_locked(c, 0);
@@ -277,6 +279,8 @@ void tcp_armed(struct urdma_qp *qp)
 {
 	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
 
+	if (c)
+		tx_hold_push(c); /* the application is about to sleep */
 	if (!c || !atomic_load(&c->parked))
 		return;
 	if (pthread_mutex_trylock(&c->rx_lock)) {

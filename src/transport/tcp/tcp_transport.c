@@ -548,6 +548,7 @@ bool tcp_maintain(struct urdma_qp *qp)
 		}
 	}
 	pthread_mutex_unlock(&c->rx_lock);
+	tx_hold_push(c);
 	rsp_send_due(c);
 	if (fail) /* sq_lock is outer to rx_lock */
 		urdma_qp_lost(qp);

@@ -309,6 +309,42 @@ static int res_send(struct tcp_conn *c)
 	return 0;
 }
 
+/* Send what the socket takes now of the held messages.  Returns 0 when
+ * none is left, -EAGAIN or an error.  Under tx_lock. */
+static int hold_send(struct tcp_conn *c)
+{
+	while (c->hold_off < c->hold_len) {
+		int r = tx_rest(c, c->hold, c->hold_len, &c->hold_off);
+
+		if (r)
+			return r;
+	}
+	c->hold_len = c->hold_off = 0;
+	atomic_store_explicit(&c->held, false, memory_order_relaxed);
+	return 0;
+}
+
+/* The held messages go now, if tx_lock is free (its holder's write takes
+ * them otherwise) and the socket has room: from a poll of the
+ * application's (it may be about to wait for their answers) and from the
+ * progress thread (TX_HOLD_NS); while some are left, the progress thread
+ * comes back. */
+void tx_hold_push(struct tcp_conn *c)
+{
+	int r;
+
+	if (!atomic_load_explicit(&c->held, memory_order_relaxed))
+		return;
+	if (pthread_mutex_trylock(&c->tx_lock)) {
+		urdma_progress_by(urdma_now_ns() + TX_HOLD_NS);
+		return;
+	}
+	r = atomic_load(&c->dead) ? 0 : hold_send(c);
+	pthread_mutex_unlock(&c->tx_lock);
+	if (r == -EAGAIN)
+		urdma_progress_by(urdma_now_ns() + TX_HOLD_NS);
+}
+
 /* Send the cut FPDU's end, then the next FPDUs of the oldest responses,
  * as many as one write holds (RSP_SEGS FPDUs, TX_IOV iovecs) and as much
  * of it as the socket takes now; an FPDU it cuts is kept whole in res.
@@ -326,6 +362,13 @@ static int rsp_step(struct tcp_conn *c)
 	int done = 0;
 	ssize_t k;
 
+	/* (held messages go before the answers that came after them) */
+	if (c->hold_len) {
+		int hr = hold_send(c);
+
+		if (hr)
+			return hr;
+	}
 	if (c->res_len)
 		return res_send(c);
 	pthread_mutex_lock(&c->rsp_lock);
@@ -521,9 +564,74 @@ static int tx_drain(struct tcp_conn *c, struct iovec *iov, int n)
 	return 0;
 }
 
+static int tx_all_now(struct tcp_conn *c, struct iovec *iov, int n,
+		      bool more);
+
+/*
+ * Hold a small message back (whole: its FPDUs, and the answers and tail
+ * riding with it) when it comes within TX_HOLD_GAP_NS of the end of the
+ * last write: a sender posting a stream of them (ib_send_bw 8 B) then
+ * makes one write for many, not a system call (and on loopback the
+ * peer's TCP receive, run in it) each.  A ping-pong's message comes a
+ * round trip after the last, and goes at once.  What is held goes with
+ * the next write, or when the application polls a CQ of the QP
+ * (tcp_poll), arms one, or after TX_HOLD_NS (tcp_maintain): an
+ * application that spins on memory after posting waits that long.
+ * Under tx_lock.
+ */
+static bool tx_hold(struct tcp_conn *c, const struct iovec *iov, int n)
+{
+	size_t len = 0;
+
+	for (int i = 0; i < n; i++)
+		len += iov[i].iov_len;
+	if (len > TX_HOLD_MSG || c->hold_len + len > TX_HOLD_MAX ||
+	    c->res_len || atomic_load(&c->fin_want) ||
+	    urdma_now_ns() - c->last_tx_ns >= TX_HOLD_GAP_NS)
+		return false;
+	if (!c->hold && !(c->hold = urdma_zalloc(TX_HOLD_MAX)))
+		return false;
+	for (int i = 0; i < n; i++) {
+		memcpy(c->hold + c->hold_len, iov[i].iov_base, iov[i].iov_len);
+		c->hold_len += iov[i].iov_len;
+	}
+	if (!atomic_exchange_explicit(&c->held, true, memory_order_relaxed))
+		urdma_progress_by(urdma_now_ns() + TX_HOLD_NS);
+	return true;
+}
+
+/* Write all of iov, waiting for room (more: see tx_some), after what is
+ * held; or, when it is a whole message (may_hold), hold it (tx_hold).
+ * Under tx_lock. */
+static int tx_all(struct tcp_conn *c, struct iovec *iov, int n, bool more,
+		  bool may_hold)
+{
+	int r;
+
+	if (may_hold && !more && tx_hold(c, iov, n))
+		return 0;
+	if (c->hold_len) {
+		struct iovec v[TX_IOV + 1];
+
+		if (n > TX_IOV) /* (never: tx_msg's writes are at most that) */
+			return -EINVAL;
+		v[0] = (struct iovec){ c->hold + c->hold_off,
+				       c->hold_len - c->hold_off };
+		memcpy(v + 1, iov, (size_t)n * sizeof(*iov));
+		c->hold_len = c->hold_off = 0;
+		atomic_store_explicit(&c->held, false, memory_order_relaxed);
+		r = tx_all_now(c, v, n + 1, more);
+	} else {
+		r = tx_all_now(c, iov, n, more);
+	}
+	c->last_tx_ns = urdma_now_ns();
+	return r;
+}
+
 /* Write all of iov, waiting for room (more: see tx_some).  Under
  * tx_lock. */
-int tx_all(struct tcp_conn *c, struct iovec *iov, int n, bool more)
+static int tx_all_now(struct tcp_conn *c, struct iovec *iov, int n,
+		      bool more)
 {
 	bool partial = false;
 
@@ -612,12 +720,13 @@ int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		niov = rsp_take(c, pseg, iov, 2 * RSP_TAKE);
 	if (!late && atomic_load(&c->rsp_n) && niov < 2 * RSP_TAKE) {
 		/* A Read Response or a cut FPDU is next: send it all first. */
-		ret = tx_all(c, iov, niov, false);
+		ret = tx_all(c, iov, niov, false, false);
 		if (!ret)
 			ret = rsp_pump(c, true);
 		niov = 0;
 	}
 	while (!ret && !end) {
+		uint64_t off0 = off;
 		int n;
 
 		/* A stream given up meanwhile ends here, on an FPDU's end. */
@@ -647,7 +756,8 @@ int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		}
 		if (end)
 			c->ntail = 0;
-		ret = tx_all(c, iov, niov, !end || c->tx_more);
+		/* (held only whole: not the end of a long message) */
+		ret = tx_all(c, iov, niov, !end || c->tx_more, !off0 && end);
 		niov = 0;
 	}
 	/* A write without MSG_MORE pushed what TCP held.  Relaxed: written
@@ -769,7 +879,7 @@ void term_frame(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
  */
 static bool tx_fin_locked(struct tcp_conn *c)
 {
-	int r = 0;
+	int r = hold_send(c); /* whole messages, before the end */
 
 	while (!r && c->res_len)
 		r = res_send(c);
