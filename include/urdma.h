@@ -62,7 +62,7 @@ typedef struct urdma_cfg {
 				  * polls the CQ this long before it
 				  * sleeps; -1: never (0: 30, longer
 				  * for waits that lately took up to
-				  * 250) */
+				  * 250, unless THREADSAFE) */
 	uint32_t reserved[6];	 /* zero */
 } urdma_cfg;
 

@@ -138,7 +138,10 @@ API_EXPORT urdma_ctx *urdma_ctx_create(const urdma_cfg *cfg)
 		errno = -err;
 		return NULL;
 	}
-	ctx->spin_auto = !ctx->cfg.spin_us;
+	/* (not with THREADSAFE: a spin holds the context's lock, and
+	 * another thread's send may be what it waits for) */
+	ctx->spin_auto = !ctx->cfg.spin_us &&
+			 !(ctx->cfg.flags & URDMA_CFG_THREADSAFE);
 	if (ctx->spin_auto)
 		ctx->cfg.spin_us = DEF_SPIN_US;
 	ctx->spin_ns = ctx->cfg.spin_us > 0 ? ctx->cfg.spin_us * 1000ull : 0;
@@ -628,9 +631,10 @@ static bool spin_first(urdma_ctx *ctx, bool *probe)
 /* After a wait that began at start_ns: was it short enough to be worth a
  * spin?  (One that did not sleep was: no clock read then, as the caller
  * has its event.)  With spin_auto, one that slept and still ended within
- * SPIN_LONG_NS sets the next spins: 1.5 times the recent such waits, if
- * that is within SPIN_AUTO_MAX_NS; otherwise spinning longer would not
- * meet them either, and the spin is spin_us again. */
+ * SPIN_LONG_NS sets the next spins: 1.5 times the recent such waits, at
+ * most SPIN_AUTO_MAX_NS; when those waits average more than that, a spin
+ * would not meet them, and it is spin_us again.  (A spin that meets its
+ * event changes nothing: it reads no clock.) */
 static void spin_learn(urdma_ctx *ctx, bool slept, bool probe,
 		       uint64_t start_ns)
 {
@@ -646,7 +650,10 @@ static void spin_learn(urdma_ctx *ctx, bool slept, bool probe,
 					       (3 * ctx->wait_ns + took) / 4 :
 					       took;
 			want = ctx->wait_ns + ctx->wait_ns / 2;
-			ctx->spin_ns = want > base && want <= SPIN_AUTO_MAX_NS ?
+			if (want > SPIN_AUTO_MAX_NS)
+				want = SPIN_AUTO_MAX_NS;
+			ctx->spin_ns = want > base &&
+						       ctx->wait_ns <= SPIN_AUTO_MAX_NS ?
 					       want :
 					       base;
 		}

@@ -136,8 +136,9 @@ static bool sq_retry_exceeded(struct urdma_qp *qp, struct urdma_swqe *wqe,
 	/* Waiting for a way that is still being set up, while set-ups move,
 	 * does not fail the WR, up to SETUP_WAIT_NS: past that (a peer that
 	 * refuses us while other streams keep coming up) it fails as any
-	 * other.  Once set-ups stop, the budget counts from the first look
-	 * that found them stopped, not from the first try: a process that
+	 * other (so at most SETUP_WAIT_NS and a budget in all).  Once set-ups
+	 * stop, the budget (and UC's grace) counts from the first look that
+	 * found them stopped, not from the first try: a process that
 	 * was not run for a second (a busy host; qp_scale QS_STALL_MS) finds
 	 * on waking that no stream came up for that second before its
 	 * progress thread has had a turn to bring them up; counted from the
@@ -154,7 +155,7 @@ static bool sq_retry_exceeded(struct urdma_qp *qp, struct urdma_swqe *wqe,
 	 * behind them at once, until one gets through (sq_run). */
 	if (qp->ibqp.qp_type == IBV_QPT_UC) {
 		if (!qp->uc_lost_ns)
-			qp->uc_lost_ns = wqe->first_try_ns;
+			qp->uc_lost_ns = wqe->budget_from_ns;
 		if (!(qp->peer && urdma_peer_dead(qp->peer)) &&
 		    now - qp->uc_lost_ns < UC_GRACE_NS)
 			return false;

@@ -300,17 +300,23 @@ static void echo_client(struct t_peer *p, void *arg)
 #define PP_LEN 65536
 #define PP_MSGS 400
 
-/* This process, and the threads it makes, on CPU cpu (if there is one). */
-static void pin(int cpu)
+/* This process, and the threads it makes, on the which-th CPU it may use,
+ * when it may use two or more (else, or if that fails, where it is). */
+static void pin(int which)
 {
 	cpu_set_t set;
 
-	if (sysconf(_SC_NPROCESSORS_ONLN) <= cpu)
+	if (sched_getaffinity(0, sizeof(set), &set) || CPU_COUNT(&set) < 2)
 		return;
-	CPU_ZERO(&set);
-	CPU_SET(cpu, &set);
-	CHECK(!sched_setaffinity(0, sizeof(set), &set), "sched_setaffinity: %s",
-	      strerror(errno));
+	for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+		if (!CPU_ISSET(cpu, &set) || which--)
+			continue;
+		CPU_ZERO(&set);
+		CPU_SET(cpu, &set);
+		if (sched_setaffinity(0, sizeof(set), &set))
+			t_note("not pinned to CPU %d: %s", cpu, strerror(errno));
+		return;
+	}
 }
 
 static void pp_server(struct t_peer *p, void *arg)

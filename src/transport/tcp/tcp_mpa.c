@@ -131,7 +131,8 @@ void conn_sync_timeout(struct tcp_conn *c, struct urdma_qp *qp)
  * failed with RETRY_EXC_ERR (11,014 of 16,384).  So while this process's
  * streams keep coming up, a WR waiting for its stream does not fail (for
  * up to 30 s: sq.c); once set-ups stop moving (the peer's host is gone, or
- * its QP refuses us), its budget counts from its first try, as on a NIC.
+ * its QP refuses us), its budget counts from then (sq.c: from its first
+ * look that found them stopped), as on a NIC.
  * "Keep coming up": one came up within the last SETUP_MOVING_NS, or the
  * budget if longer (at timeout 10, 33 ms, set-ups paused that long now and
  * then).  Only a stream that came up counts: a connect that reaches a

@@ -184,6 +184,14 @@ static bool rx_ready(struct tcp_conn *c)
 	return poll(&p, 1, 0) != 0;
 }
 
+/* rbuf holds the start of an untagged FPDU (a Send's), not all of it, and
+ * it is not a Send waiting for a receive WR.  Under rx_lock. */
+static bool rx_mid_untagged(struct tcp_conn *c)
+{
+	return c->rlen > 2 && !(c->rbuf[2] & DDP_FLAG_T) &&
+	       !atomic_load(&c->stalled);
+}
+
 void tcp_poll(struct urdma_qp *qp)
 {
 	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
@@ -226,10 +234,12 @@ void tcp_poll(struct urdma_qp *qp)
 	 * (TXP_RECV, tx_unpark); an unpark here would put a system call
 	 * between the message and the answer.  A close poll after it keeps
 	 * that.  So does one that took an answer (a flush Read's Response)
-	 * with part of the next message behind it: that message is still
-	 * arriving; unparked, the progress thread took its rest while the
-	 * polls waited for it (64 KiB ib_send_lat over TCP: 0.7 wake-ups and
-	 * 2 futex calls a message on each side).  Unless this application
+	 * with part of the next untagged message behind it (a Send: the
+	 * application polls for it): that message is still arriving;
+	 * unparked, the progress thread took its rest while the polls waited
+	 * for it (64 KiB ib_send_lat over TCP: 0.7 wake-ups and 2 futex calls
+	 * a message on each side).  Not part of a Write: its application may
+	 * leave to spin on memory for it.  Unless this application
 	 * was lately found not answering (spins_until: it spun on memory for
 	 * a Write still to come, and tcp_maintain had to unpark): then, as
 	 * for anything else received (an answer), the stream goes back
@@ -241,7 +251,7 @@ void tcp_poll(struct urdma_qp *qp)
 	} else if (atomic_load(&c->parked) && !c->quiet_polls &&
 		   now >= c->spins_until &&
 		   (c->rx_recvs != recvs || c->rx_writes != writes ||
-		    (c->rlen && !atomic_load(&c->stalled)))) {
+		    rx_mid_untagged(c))) {
 		uint8_t none = TXP_NONE;
 
 		atomic_compare_exchange_strong(&c->tx_parked, &none, TXP_RECV);

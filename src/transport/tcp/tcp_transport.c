@@ -435,12 +435,22 @@ static void conn_probe_overdue(struct tcp_conn *c, struct urdma_qp *qp)
 		c->watch_head = head;
 		c->watch_ns = now;
 	}
-	if (now - c->watch_ns < budget || used + 1 >= c->unc_size) {
+	if (now - c->watch_ns < budget) {
 		urdma_progress_by(c->watch_ns + budget);
 		return;
 	}
-	if (pthread_mutex_trylock(&c->tx_lock))
-		return; /* a sender holds the stream: its bytes are timed */
+	if (used + 1 >= c->unc_size) {
+		/* no room for a probe: look again a budget on (watch_ns +
+		 * budget is past: asking for it made the thread spin) */
+		urdma_progress_by(now + budget);
+		return;
+	}
+	if (pthread_mutex_trylock(&c->tx_lock)) {
+		/* a sender holds the stream: its bytes are timed; look
+		 * again soon (a pass asked for now may not come back) */
+		urdma_progress_by(now + HOLD_NEAR_NS);
+		return;
+	}
 	c->watch_ns = now;
 	pthread_mutex_lock(&c->ord_lock);
 	rr.sink_stag = htonl(++c->next_tag);
