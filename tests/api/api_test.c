@@ -10,7 +10,6 @@
  * address and T_CHILD_NETNS=another namespace across two hosts
  * (tests/net/api.sh).
  */
-#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -18,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 #include <urdma.h>
 
@@ -333,32 +331,6 @@ static void pp_server(struct t_peer *p, void *arg)
 	urdma_ctx_destroy(ctx);
 }
 
-/* Voluntary context switches of this process's threads but the caller. */
-static long other_threads_switches(void)
-{
-	char path[300], line[128];
-	long sum = 0, me = (long)syscall(SYS_gettid);
-	DIR *d = opendir("/proc/self/task");
-	struct dirent *e;
-
-	REQUIRE(d, "/proc/self/task: %s", strerror(errno));
-	while ((e = readdir(d))) {
-		FILE *f;
-
-		if (e->d_name[0] == '.' || atol(e->d_name) == me)
-			continue;
-		snprintf(path, sizeof(path), "/proc/self/task/%s/status", e->d_name);
-		if (!(f = fopen(path, "r")))
-			continue; /* gone meanwhile */
-		while (fgets(line, sizeof(line), f))
-			if (!strncmp(line, "voluntary_ctxt_switches:", 24))
-				sum += atol(line + 24);
-		fclose(f);
-	}
-	closedir(d);
-	return sum;
-}
-
 static void pp_client(struct t_peer *p, void *arg)
 {
 	urdma_cfg cfg = { .buf_size = PP_LEN, .buf_count = 256 };
@@ -376,7 +348,7 @@ static void pp_client(struct t_peer *p, void *arg)
 	expect(ctx, c, URDMA_EV_CONNECTED);
 	for (int i = 0; i < 2 * PP_MSGS; i++) {
 		if (i == PP_MSGS) { /* the first half teaches the waits */
-			sw = other_threads_switches();
+			sw = t_other_threads_switches();
 			t0 = t_now_us();
 		}
 		memset(msg, 'a' + i % 26, 64);
@@ -385,7 +357,7 @@ static void pp_client(struct t_peer *p, void *arg)
 		REQUIRE(ev.len == PP_LEN && !memcmp(ev.buf, msg, 64), "echo %d", i);
 		urdma_buf_free(ctx, ev.buf);
 	}
-	sw = other_threads_switches() - sw;
+	sw = t_other_threads_switches() - sw;
 	uint64_t rt = (t_now_us() - t0) / PP_MSGS;
 	t_note("%d round trips of %d B: %llu us each, %.2f wake-ups of the "
 	       "library's threads each",

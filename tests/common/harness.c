@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -919,6 +920,31 @@ uint64_t t_now_us(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+long t_other_threads_switches(void)
+{
+	char path[300], line[128];
+	long sum = 0, me = (long)syscall(SYS_gettid);
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+
+	REQUIRE(d, "/proc/self/task: %s", strerror(errno));
+	while ((e = readdir(d))) {
+		FILE *f;
+
+		if (e->d_name[0] == '.' || atol(e->d_name) == me)
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/status", e->d_name);
+		if (!(f = fopen(path, "r")))
+			continue; /* gone meanwhile */
+		while (fgets(line, sizeof(line), f))
+			if (!strncmp(line, "voluntary_ctxt_switches:", 24))
+				sum += atol(line + 24);
+		fclose(f);
+	}
+	closedir(d);
+	return sum;
 }
 
 void t_sleep_ms(unsigned ms)

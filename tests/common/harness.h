@@ -250,6 +250,9 @@ bool t_fd_readable(int fd, int ms);
 
 uint64_t t_now_ms(void);
 uint64_t t_now_us(void);
+/* Voluntary context switches so far of this process's threads other than
+ * the caller (the library's: how often they slept). */
+long t_other_threads_switches(void);
 void t_sleep_ms(unsigned ms);
 /* The number of open fds of this process, or -1 if /proc/self/fd can't be
  * read. */
