@@ -635,6 +635,17 @@ static bool spin_first(urdma_ctx *ctx, bool *probe)
  * most SPIN_AUTO_MAX_NS; when those waits average more than that, a spin
  * would not meet them, and it is spin_us again.  (A spin that meets its
  * event changes nothing: it reads no clock.) */
+static void spin_stretch(urdma_ctx *ctx, uint64_t took)
+{
+	uint64_t base = ctx->cfg.spin_us * 1000ull, want;
+
+	ctx->wait_ns = ctx->wait_ns ? (3 * ctx->wait_ns + took) / 4 : took;
+	want = ctx->wait_ns + ctx->wait_ns / 2;
+	if (ctx->wait_ns > SPIN_AUTO_MAX_NS || want < base)
+		want = base;
+	ctx->spin_ns = want < SPIN_AUTO_MAX_NS ? want : SPIN_AUTO_MAX_NS;
+}
+
 static void spin_learn(urdma_ctx *ctx, bool slept, bool probe,
 		       uint64_t start_ns)
 {
@@ -643,20 +654,8 @@ static void spin_learn(urdma_ctx *ctx, bool slept, bool probe,
 	if (took <= SPIN_LONG_NS) {
 		ctx->spin_miss = 0;
 		ctx->probe_every = PROBE_MIN;
-		if (slept && ctx->spin_auto) {
-			uint64_t base = ctx->cfg.spin_us * 1000ull, want;
-
-			ctx->wait_ns = ctx->wait_ns ?
-					       (3 * ctx->wait_ns + took) / 4 :
-					       took;
-			want = ctx->wait_ns + ctx->wait_ns / 2;
-			if (want > SPIN_AUTO_MAX_NS)
-				want = SPIN_AUTO_MAX_NS;
-			ctx->spin_ns = want > base &&
-						       ctx->wait_ns <= SPIN_AUTO_MAX_NS ?
-					       want :
-					       base;
-		}
+		if (slept && ctx->spin_auto)
+			spin_stretch(ctx, took);
 		return;
 	}
 	ctx->spin_miss += ctx->spin_miss < SPIN_MISSES;
