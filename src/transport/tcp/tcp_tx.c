@@ -611,10 +611,8 @@ static int tx_all(struct tcp_conn *c, struct iovec *iov, int n, bool more,
 	if (may_hold && !more && tx_hold(c, iov, n))
 		return 0;
 	if (c->hold_len) {
-		struct iovec v[TX_IOV + 1];
+		struct iovec v[TX_IOV + 1]; /* (tx_msg's writes: TX_IOV at most) */
 
-		if (n > TX_IOV) /* (never: tx_msg's writes are at most that) */
-			return -EINVAL;
 		v[0] = (struct iovec){ c->hold + c->hold_off,
 				       c->hold_len - c->hold_off };
 		memcpy(v + 1, iov, (size_t)n * sizeof(*iov));
