@@ -173,6 +173,7 @@ struct urdma_cq {
 	uint64_t mod_period_ns;
 	_Atomic uint64_t mod_due;
 	uint32_t srq_turn;	/* where cq_drain_srqs starts, under lock */
+	bool recv_turn;		/* cq_take harvests first, under lock */
 	struct list_head xrc_srqs; /* XRC SRQs completing here, under lock */
 	struct urdma_channel *chan;
 	_Atomic int usecnt;

@@ -371,6 +371,9 @@ static void killed_parent(struct t_peer *p, void *arg)
 	bool in_flight = arg != NULL;
 	struct t_opts o = t_opts_default();
 	o.max_send_wr = 128;
+	/* (the verbs order no completions of the two queues between them: on
+	 * one CQ the receive's flush may come among the sends') */
+	o.separate_cqs = true;
 	struct t_res r;
 	t_res_open(&r, &o);
 	unsigned char *buf = t_alloc(STREAM_LEN);
