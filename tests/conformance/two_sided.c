@@ -800,77 +800,6 @@ static void resize_child(struct t_peer *p, void *arg)
 	side_close(&s);
 }
 
-/* ------------------------------------------------------------------ */
-/* Both sides send at once, more than the transport buffers           */
-/* ------------------------------------------------------------------ */
-
-/* Each side sends XSENDS messages of XSEND_LEN while the other does the
- * same: over TCP both sockets fill, and each side must go on receiving
- * while its own send waits for room. */
-#define XSENDS 8
-#define XSEND_LEN (4u * MiB)
-
-static void xsend_side(struct t_peer *p, unsigned mine, unsigned theirs)
-{
-	struct t_opts o = t_opts_default();
-	struct side s;
-	size_t half = (size_t)XSENDS * XSEND_LEN;
-	struct ibv_wc wc[XSENDS];
-	int got;
-
-	o.separate_cqs = true;
-	o.max_send_wr = XSENDS;
-	o.max_recv_wr = XSENDS;
-	side_open(&s, &o, 2 * half); /* [what we send][what we receive] */
-	for (int i = 0; i < XSENDS; i++)
-		t_pattern_fill(s.buf + (size_t)i * XSEND_LEN, XSEND_LEN, mine + (unsigned)i);
-	memset(s.buf + half, 0, half);
-	t_connect_pair(p, &s.r, s.mr, NULL);
-	for (int i = 0; i < XSENDS; i++)
-		REQUIRE(t_post_recv(s.r.qp, (uint64_t)i, s.buf + half + (size_t)i * XSEND_LEN,
-				    XSEND_LEN, s.mr->lkey) == 0,
-			"ibv_post_recv #%d", i);
-	t_barrier(p); /* both sides' receives are posted */
-	for (int i = 0; i < XSENDS; i++)
-		REQUIRE(t_post_send(s.r.qp, (uint64_t)i, IBV_WR_SEND,
-				    s.buf + (size_t)i * XSEND_LEN, XSEND_LEN, s.mr->lkey,
-				    IBV_SEND_SIGNALED, 0, 0) == 0,
-			"ibv_post_send #%d", i);
-	got = t_poll(s.r.send_cq, wc, XSENDS, T_WAIT_MS);
-	CHECK(got == XSENDS, "%d of %d sends completed", got, XSENDS);
-	for (int i = 0; i < got; i++)
-		CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)i,
-		      "send completion %d: %s wr_id %llu", i, t_wc_status_str(wc[i].status),
-		      (unsigned long long)wc[i].wr_id);
-	got = t_poll(s.r.recv_cq, wc, XSENDS, T_WAIT_MS);
-	CHECK(got == XSENDS, "%d of %d messages received", got, XSENDS);
-	for (int i = 0; i < got; i++) {
-		long bad;
-
-		if (!CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)i &&
-				   wc[i].byte_len == XSEND_LEN,
-			   "receive %d: %s wr_id %llu byte_len %u", i,
-			   t_wc_status_str(wc[i].status), (unsigned long long)wc[i].wr_id,
-			   wc[i].byte_len))
-			continue;
-		bad = t_pattern_check(s.buf + half + (size_t)i * XSEND_LEN, XSEND_LEN,
-				      theirs + (unsigned)i);
-		CHECK(bad < 0, "message %d differs at %ld", i, bad);
-	}
-	t_barrier(p);
-	side_close(&s);
-}
-
-static void xsend_parent(struct t_peer *p, void *arg)
-{
-	xsend_side(p, 100, 200);
-}
-
-static void xsend_child(struct t_peer *p, void *arg)
-{
-	xsend_side(p, 200, 100);
-}
-
 /* ---- A receiver that destroys its QP right after the message it needed,
  * with one more already arrived: as on a NIC, the sender's Sends all
  * succeed (the last was received, if never polled), and none fails before
@@ -998,7 +927,6 @@ int main(int argc, char **argv)
 	t_pair("recv_buffer_too_small", small_parent, small_child, NULL);
 	t_pair("recv_into_iova_mr", iova_parent, iova_child, NULL);
 	t_pair("cq_resize_keeps_completions", resize_parent, resize_child, NULL);
-	t_pair("both_sides_send_at_once", xsend_parent, xsend_child, NULL);
 	t_pair("receiver_gone_after_last_needed", gone_parent, gone_child, NULL);
 	setenv("URDMA_TRANSPORT", "tcp", 1);
 	t_pair("tcp_held_answer_goes", held_parent, held_child, NULL);

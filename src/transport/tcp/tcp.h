@@ -93,6 +93,25 @@ struct tx_seg {
 	uint32_t hlen, tlen; /* bytes used in hdr and trailer */
 };
 
+/* A message being sent (tx_msg): its DDP/RDMAP header (and a control
+ * message's body), the spans of its data, how far its FPDUs have gone;
+ * begun once the responses that go before it went (tx_job_run). */
+struct tx_job {
+	uint8_t h[sizeof(struct ddp_untagged_hdr) + 64];
+	uint32_t hlen;
+	struct urdma_span sp[URDMA_MAX_SGE];
+	int nsp;
+	uint64_t len, off;
+	bool begun, late;
+};
+
+/* When a send that finds no room may stop and leave the rest for later
+ * (tx_wait): never; when our own receiving stalled (a Send waits for a
+ * receive WR the application would post if it were not sending); always
+ * (what the progress thread resumes). */
+enum txc { TXC_NEVER, TXC_STALLED, TXC_ALWAYS };
+#define TX_CUT 1 /* tx_wait: stop here */
+
 /* A response queued by the receive path: a Read Response (from va, off
  * bytes of len sent so far) or a control message (hdr is all of it). */
 struct tcp_rsp {
@@ -195,6 +214,24 @@ struct tcp_conn {
 	_Atomic bool held;
 	uint64_t last_tx_ns;
 	uint8_t tx_buf[TX_GATHER]; /* a small write, as one buffer (tx_flat) */
+	/*
+	 * A message a full socket cut (tx_cut, tx_wait): rest_off of the
+	 * rest_len bytes of the write it cut, kept in rest (rest_cap
+	 * allocated), then, with rest_job_on, its FPDUs from rest_job.off
+	 * on.  The sender went back to its application, which may post the
+	 * receives the peer's Sends wait for: two sides each inside
+	 * ibv_post_send, each waiting for the other to read, neither
+	 * reading, was a deadlock (qperf rc_bi_bw).  The progress thread
+	 * sends the rest when there is room (conn_cb), or the next WR's
+	 * execution does; nothing else goes before it (tx_rest_push).
+	 * resting says there is one, for a look without tx_lock.
+	 */
+	uint8_t *rest;
+	uint32_t rest_len, rest_off, rest_cap;
+	struct tx_job rest_job;
+	bool rest_job_on;
+	uint8_t tx_cut; /* enum txc, for the send under way */
+	_Atomic bool resting;
 	/* The unsent end of an FPDU that a non-blocking write cut: it goes
 	 * before anything else. */
 	uint8_t *res;
@@ -320,6 +357,8 @@ void tx_unlock(struct tcp_conn *c);
 void tx_hold_push(struct tcp_conn *c);
 int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		  const struct urdma_span *sp, int nsp, uint64_t len);
+int tx_rest_push(struct tcp_conn *c);
+void tx_rest_resume(struct tcp_conn *c);
 uint32_t tcp_put_untagged_inv(uint8_t *h, unsigned op, uint32_t qn,
 			      uint32_t msn, uint32_t inval_stag);
 uint32_t tcp_put_untagged(uint8_t *h, unsigned op, uint32_t qn,

@@ -97,6 +97,7 @@ void conn_release(struct urdma_watcher *w)
 	urdma_free(c->rsp);
 	urdma_free(c->res);
 	urdma_free(c->hold);
+	urdma_free(c->rest);
 	urdma_free(c);
 }
 

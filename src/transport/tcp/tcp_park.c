@@ -136,9 +136,11 @@ void conn_cb(struct urdma_watcher *w, uint32_t events)
 	pthread_mutex_lock(&c->rx_lock);
 	rx_locked(c, tcp_progress_hold_ns(c));
 	pthread_mutex_unlock(&c->rx_lock);
+	tx_rest_resume(c); /* a cut message's rest, and the WRs behind it */
 	rsp_send_due(c);
 	tx_fin(c); /* an end that waited for room */
 	if (!atomic_load(&c->rsp_n) && !atomic_load(&c->fin_want) &&
+	    !atomic_load(&c->resting) &&
 	    atomic_exchange(&c->want_out, false)) {
 		conn_watch(c);
 		rsp_send_due(c); /* queued meanwhile */

@@ -159,6 +159,11 @@ static void tcp_disconnect(struct urdma_qp *qp)
 		/* closing first: a sender waiting for room gives up.  The
 		 * answers a peer waits for go if the socket takes them. */
 		atomic_store(&c->closing, true);
+		/* The rest of a cut message frames no more of its memory,
+		 * which may go with the QP (tx_rest_push). */
+		pthread_mutex_lock(&c->tx_lock);
+		c->rest_job_on = false;
+		pthread_mutex_unlock(&c->tx_lock);
 		rsp_send(c);
 		pthread_mutex_lock(&c->rx_lock);
 		rcv_abandon(c);
@@ -267,7 +272,8 @@ static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
 	}
 	if (sig)
 		tx_flush_tail(c, tag); /* rides with the message's end */
-	tx_msg(c, h, hl, sp, n, w->byte_len);
+	if (tx_msg(c, h, hl, sp, n, w->byte_len) == -EINPROGRESS)
+		return; /* its rest, tails and all, goes later */
 	c->ntail = 0; /* sent, or the stream is dead */
 	c->tx_head.hlen = 0;
 }
@@ -385,6 +391,22 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	answer = atomic_load(&c->tx_parked) == TXP_RECV &&
 		 atomic_compare_exchange_strong(&c->tx_parked, &recv, TXP_NONE);
 	pthread_mutex_lock(&c->tx_lock);
+	/* The rest of a message a full socket cut goes first; while some
+	 * is left, this WR waits (the progress thread runs it then:
+	 * tx_rest_resume). */
+	if (atomic_load(&c->resting)) {
+		c->tx_cut = TXC_ALWAYS;
+		tx_rest_push(c);
+		if (atomic_load(&c->resting)) {
+			r = URDMA_TX_WAIT; /* nothing of it sent */
+			goto out;
+		}
+	}
+	/* A Send or Write that finds no room while our own receiving waits
+	 * for a receive WR is cut: its rest goes later, and the application
+	 * can post that receive (UC's peer never waits for one, and its
+	 * message completes as it is sent: not cut). */
+	c->tx_cut = qp->ibqp.qp_type == IBV_QPT_UC ? TXC_NEVER : TXC_STALLED;
 	conn_sync_timeout(c, qp);
 	/* More WRs to run after this one: TCP holds this one's bytes for
 	 * theirs (MSG_MORE), and the engine's end pushes them (tcp_flush):
@@ -398,7 +420,9 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 		if (qp->ibqp.qp_type == IBV_QPT_UC)
 			r = URDMA_TX_DONE; /* sent: UC has no acknowledgements */
 	}
+out:
 	c->tx_more = false;
+	c->tx_cut = TXC_NEVER;
 	tx_unlock(c);
 	if (long_park || answer)
 		tx_unpark(c, long_park);
@@ -449,6 +473,14 @@ static void conn_probe_overdue(struct tcp_conn *c, struct urdma_qp *qp)
 		/* a sender holds the stream: its bytes are timed; look
 		 * again soon (a pass asked for now may not come back) */
 		urdma_progress_by(now + HOLD_NEAR_NS);
+		return;
+	}
+	if (atomic_load(&c->resting)) {
+		/* The rest of a cut message waits for room: its bytes are
+		 * timed (TCP_USER_TIMEOUT).  The watch starts again when it
+		 * has gone (tx_rest_resume asks for a pass then). */
+		c->watch_ns = now;
+		tx_unlock(c);
 		return;
 	}
 	c->watch_ns = now;
@@ -558,6 +590,7 @@ bool tcp_maintain(struct urdma_qp *qp)
 		}
 	}
 	pthread_mutex_unlock(&c->rx_lock);
+	tx_rest_resume(c);
 	tx_hold_push(c);
 	rsp_send_due(c);
 	if (fail) /* sq_lock is outer to rx_lock */

@@ -165,6 +165,8 @@ int tx_wait(struct tcp_conn *c)
 
 	if (conn_giving_up(c))
 		return -EPIPE;
+	if (c->tx_cut == TXC_ALWAYS)
+		return TX_CUT;
 	/* If rx_lock is busy, its holder is receiving; tcp_maintain unparks
 	 * a stream that nobody polls. */
 	if (!pthread_mutex_trylock(&c->rx_lock)) {
@@ -176,6 +178,10 @@ int tx_wait(struct tcp_conn *c)
 			p.events |= POLLIN;
 		pthread_mutex_unlock(&c->rx_lock);
 	}
+	/* Our receiving waits for a receive WR: the application that would
+	 * post it may be this very sender (tx_cut). */
+	if (c->tx_cut == TXC_STALLED && atomic_load(&c->stalled))
+		return TX_CUT;
 	poll(&p, 1, 100);
 	return 0;
 }
@@ -294,6 +300,23 @@ static int tx_rest(struct tcp_conn *c, uint8_t *buf, uint32_t len,
 	return 0;
 }
 
+/* The bytes a cut write left (rest), as far as the socket takes them
+ * now: 0 when none is left (and nothing else rests: resting is clear),
+ * -EAGAIN or an error.  Under tx_lock. */
+static int rest_bytes(struct tcp_conn *c)
+{
+	while (c->rest_off < c->rest_len) {
+		int r = tx_rest(c, c->rest, c->rest_len, &c->rest_off);
+
+		if (r)
+			return r;
+	}
+	c->rest_len = c->rest_off = 0;
+	if (!c->rest_job_on)
+		atomic_store(&c->resting, false);
+	return 0;
+}
+
 /* Send what the socket takes now of the cut FPDU's end (res).  Returns 0
  * (progress), -EAGAIN or an error.  Under tx_lock. */
 static int res_send(struct tcp_conn *c)
@@ -362,6 +385,15 @@ static int rsp_step(struct tcp_conn *c)
 	int done = 0;
 	ssize_t k;
 
+	/* The rest of a cut message goes first, and all of one that has
+	 * begun (one that has not sends the answers first itself). */
+	if (atomic_load(&c->resting)) {
+		int rr = c->rest_job_on && !c->rest_job.begun ? rest_bytes(c) :
+							       tx_rest_push(c);
+
+		if (rr)
+			return rr;
+	}
 	/* (held messages go before the answers that came after them) */
 	if (c->hold_len) {
 		int hr = hold_send(c);
@@ -567,6 +599,38 @@ static int tx_drain(struct tcp_conn *c, struct iovec *iov, int n)
 static int tx_all_now(struct tcp_conn *c, struct iovec *iov, int n,
 		      bool more);
 
+/* What a cut write had left (tx_cut): kept in rest, to go first when
+ * there is room.  -EINPROGRESS.  Under tx_lock. */
+static int rest_keep(struct tcp_conn *c, const struct iovec *iov, int n)
+{
+	size_t len = 0;
+
+	for (int i = 0; i < n; i++)
+		len += iov[i].iov_len;
+	if (len > c->rest_cap) {
+		/* (the library's memory, as the progress thread reads it:
+		 * util/alloc.h) */
+		size_t cap = (len + 65535) & ~(size_t)65535;
+		uint8_t *b = urdma_zalloc(cap);
+
+		if (!b) {
+			conn_set_dead(c, "no memory for the rest of a message");
+			return -ENOMEM;
+		}
+		urdma_free(c->rest);
+		c->rest = b;
+		c->rest_cap = (uint32_t)cap;
+	}
+	c->rest_len = 0;
+	for (int i = 0; i < n; i++) {
+		memcpy(c->rest + c->rest_len, iov[i].iov_base, iov[i].iov_len);
+		c->rest_len += (uint32_t)iov[i].iov_len;
+	}
+	c->rest_off = 0;
+	atomic_store(&c->resting, true);
+	return -EINPROGRESS;
+}
+
 /*
  * Hold a small message back (whole: its FPDUs, and the answers and tail
  * riding with it) when it comes within TX_HOLD_GAP_NS of the end of the
@@ -639,6 +703,8 @@ static int tx_all_now(struct tcp_conn *c, struct iovec *iov, int n,
 		if (k == -EAGAIN) {
 			int r = tx_wait(c);
 
+			if (r == TX_CUT)
+				return rest_keep(c, iov, n);
 			if (r) {
 				/* Part of an FPDU may be out: nothing may
 				 * follow it on this stream, unless the rest
@@ -700,37 +766,80 @@ static int rsp_take(struct tcp_conn *c, struct tx_seg *seg, struct iovec *iov,
  * not leave to spin on memory for the rest of it (ib_write_lat), which
  * its progress thread would have to receive.  Not a Send: a peer with no
  * receive posted stops reading at it, and its answers would wait too.
- * Under tx_lock.
+ * With tx_cut, a message the socket has no room for may stop, its rest
+ * kept for later (tx_rest_push): -EINPROGRESS.  Under tx_lock.
  */
+static int tx_job_run(struct tcp_conn *c, struct tx_job *j);
+
 int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
-		  const struct urdma_span *sp, int nsp, uint64_t len)
+	   const struct urdma_span *sp, int nsp, uint64_t len)
+{
+	struct tx_job j; /* (not zeroed whole: a KiB per message) */
+
+	memcpy(j.h, hdr, hlen);
+	memcpy(j.sp, sp, (size_t)nsp * sizeof(*sp));
+	j.hlen = hlen;
+	j.nsp = nsp;
+	j.len = len;
+	j.off = 0;
+	j.begun = j.late = false;
+	return tx_job_run(c, &j);
+}
+
+/* Job j stops (a cut, tx_cut): what it has not framed yet waits in
+ * rest_job, the progress thread watches for room.  -EINPROGRESS.  Under
+ * tx_lock. */
+static int tx_job_keep(struct tcp_conn *c, struct tx_job *j, bool more)
+{
+	if (more && j != &c->rest_job)
+		c->rest_job = *j;
+	c->rest_job_on = more;
+	atomic_store(&c->resting, true);
+	if (!atomic_exchange(&c->want_out, true))
+		conn_watch(c);
+	return -EINPROGRESS;
+}
+
+/* Send job j from where it is; -EINPROGRESS if it was cut (tx_job_keep).
+ * Under tx_lock. */
+static int tx_job_run(struct tcp_conn *c, struct tx_job *j)
 {
 	struct tx_seg seg[TX_IOV / 4], pseg[RSP_TAKE];
 	struct iovec iov[TX_IOV];
 	int fiov[TX_IOV / 4 + 1], niov = 0;
-	uint64_t off = 0;
-	/* A Write, with no cut FPDU and no Read Response with data queued */
-	bool end = false, late = (hdr[0] & DDP_FLAG_T) && !c->res_len &&
-				 !atomic_load(&c->rsp_data);
+	bool end = false;
 	int ret = 0;
 
-	if (!c->res_len && !late)
-		niov = rsp_take(c, pseg, iov, 2 * RSP_TAKE);
-	if (!late && atomic_load(&c->rsp_n) && niov < 2 * RSP_TAKE) {
-		/* A Read Response or a cut FPDU is next: send it all first. */
-		ret = tx_all(c, iov, niov, false, false);
-		if (!ret)
-			ret = rsp_pump(c, true);
-		niov = 0;
+	if (!j->begun) {
+		/* A Write, with no cut FPDU and no Read Response with data
+		 * queued */
+		j->late = (j->h[0] & DDP_FLAG_T) && !c->res_len &&
+			  !atomic_load(&c->rsp_data);
+		if (!c->res_len && !j->late)
+			niov = rsp_take(c, pseg, iov, 2 * RSP_TAKE);
+		if (!j->late && atomic_load(&c->rsp_n) &&
+		    niov < 2 * RSP_TAKE) {
+			/* A Read Response or a cut FPDU is next: send it all
+			 * first. */
+			ret = tx_all(c, iov, niov, false, false);
+			if (!ret)
+				ret = rsp_pump(c, true);
+			niov = 0;
+			if (ret == TX_CUT || ret == -EINPROGRESS)
+				return tx_job_keep(c, j, true);
+			if (ret)
+				return ret;
+		}
+		j->begun = true;
 	}
 	while (!ret && !end) {
-		uint64_t off0 = off;
+		uint64_t off0 = j->off;
 		int n;
 
 		/* A stream given up meanwhile ends here, on an FPDU's end. */
-		if (off && conn_giving_up(c))
+		if (j->off && conn_giving_up(c))
 			return -EPIPE;
-		if (!off && c->tx_head.hlen) {
+		if (!j->off && c->tx_head.hlen) {
 			/* (the Immediate Data that goes before its Send) */
 			iov[niov++] = (struct iovec){ c->tx_head.hdr,
 						      c->tx_head.hlen };
@@ -738,12 +847,12 @@ int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 						      c->tx_head.tlen };
 			c->tx_head.hlen = 0;
 		}
-		n = tcp_frame(c, hdr, hlen, sp, nsp, len, &off, &end, seg,
-			  TX_IOV / 4, iov, &niov, fiov);
+		n = tcp_frame(c, j->h, j->hlen, j->sp, j->nsp, j->len, &j->off,
+			      &end, seg, TX_IOV / 4, iov, &niov, fiov);
 
 		if (n < 0)
 			return n;
-		if (end && late)
+		if (end && j->late)
 			niov += rsp_take(c, pseg, iov + niov,
 					 TX_IOV - 2 * TX_TAILS - niov);
 		for (int t = 0; end && t < c->ntail; t++) {
@@ -758,12 +867,71 @@ int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		ret = tx_all(c, iov, niov, !end || c->tx_more, !off0 && end);
 		niov = 0;
 	}
+	if (ret == -EINPROGRESS)
+		return tx_job_keep(c, j, !end);
+	if (j == &c->rest_job)
+		c->rest_job_on = false;
 	/* A write without MSG_MORE pushed what TCP held.  Relaxed: written
 	 * under tx_lock, only a hint outside it (tcp_flush). */
 	if (!ret)
 		atomic_store_explicit(&c->corked, c->tx_more,
 				      memory_order_relaxed);
 	return ret;
+}
+
+/* What a cut left (rest, rest_job), as far as the socket takes it now,
+ * never waiting: 0 when nothing is left, -EAGAIN, or an error (the stream
+ * is dead; the rest is dropped).  A stream being given up sends the cut
+ * FPDUs' ends but frames no more of the message (its memory may be gone
+ * once its QP is).  Under tx_lock. */
+int tx_rest_push(struct tcp_conn *c)
+{
+	uint8_t cut = c->tx_cut;
+	int r;
+
+	if (!atomic_load(&c->resting))
+		return 0;
+	r = rest_bytes(c);
+	if (r && r != -EAGAIN)
+		c->rest_job_on = false;
+	if (r)
+		goto out;
+	if (c->rest_job_on && conn_giving_up(c)) {
+		c->rest_job_on = false;
+		c->ntail = 0;
+	}
+	if (c->rest_job_on) {
+		c->tx_cut = TXC_ALWAYS;
+		r = tx_job_run(c, &c->rest_job);
+		c->tx_cut = cut;
+		if (r == -EINPROGRESS)
+			return -EAGAIN;
+		c->rest_job_on = false;
+	}
+out:
+	if (r != -EAGAIN)
+		atomic_store(&c->resting, false);
+	return r;
+}
+
+/* The progress thread, when there is room (conn_cb): the rest goes, and
+ * the WRs that waited for it (URDMA_TX_WAIT) run in the pass over the QPs
+ * that follows. */
+void tx_rest_resume(struct tcp_conn *c)
+{
+	int r;
+
+	if (!atomic_load(&c->resting))
+		return;
+	if (pthread_mutex_trylock(&c->tx_lock)) {
+		/* its holder may not send it: look again (tcp_maintain) */
+		urdma_progress_by(urdma_now_ns() + HOLD_NEAR_NS);
+		return;
+	}
+	r = tx_rest_push(c);
+	tx_unlock(c);
+	if (r != -EAGAIN)
+		urdma_progress_by(urdma_now_ns());
 }
 
 uint32_t tcp_put_untagged(uint8_t *h, unsigned op, uint32_t qn,
@@ -877,7 +1045,10 @@ void term_frame(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
  */
 static bool tx_fin_locked(struct tcp_conn *c)
 {
-	int r = hold_send(c); /* whole messages, before the end */
+	int r = tx_rest_push(c); /* a cut message's FPDUs, whole */
+
+	if (!r)
+		r = hold_send(c); /* whole messages, before the end */
 
 	while (!r && c->res_len)
 		r = res_send(c);
