@@ -96,8 +96,9 @@ struct tx_seg {
 /* A message being sent (tx_msg): its DDP/RDMAP header (and a control
  * message's body), the spans of its data, how far its FPDUs have gone;
  * begun once the responses that go before it went (tx_job_run). */
+#define CTRL_BODY 64 /* a control message's body at most (tcp_ctrl_put) */
 struct tx_job {
-	uint8_t h[sizeof(struct ddp_untagged_hdr) + 64];
+	uint8_t h[sizeof(struct ddp_untagged_hdr) + CTRL_BODY];
 	uint32_t hlen;
 	struct urdma_span sp[URDMA_MAX_SGE];
 	int nsp;
@@ -338,7 +339,7 @@ struct tcp_conn *conn_new(int fd);
 void conn_release(struct urdma_watcher *w);
 void conn_bury(struct tcp_conn *c);
 void conn_set_dead(struct tcp_conn *c, const char *why);
-/* tcp_tx.c */
+/* tcp_frame.c */
 uint32_t seg_open(struct tcp_conn *c, struct tx_seg *s,
 			 const uint8_t *hdr, uint32_t hlen, uint32_t plen,
 			 uint64_t off, bool last);
@@ -347,6 +348,11 @@ int tcp_frame(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		 const struct urdma_span *sp, int nsp, uint64_t len,
 		 uint64_t *off, bool *end, struct tx_seg *seg, int maxseg,
 		 struct iovec *iov, int *niov, int *fiov);
+/* An untagged control message with a fixed body (an RDMAP struct: at most
+ * CTRL_BODY bytes) into h, its MSN taken now: its length. */
+uint32_t tcp_ctrl_put(struct tcp_conn *c, uint8_t *h, unsigned op,
+		      uint32_t qn, const void *body, uint32_t blen, uint32_t ulp);
+/* tcp_tx.c */
 int tx_wait(struct tcp_conn *c);
 int rsp_push(struct tcp_conn *c, const struct tcp_rsp *r,
 		    uint64_t hold_ns);
