@@ -269,6 +269,9 @@ struct tcp_conn {
 	/* failure */
 	_Atomic bool dead;
 	uint64_t dead_ns; /* when it was found dead */
+	/* found dead by a timeout (conn_set_dead_err): the retry budget has
+	 * passed already, the WRs fail at once (no loss grace) */
+	bool timed_out;
 	bool dead_handled;
 	bool shut; /* given up (conn_shut): what arrives is dropped */
 	/* tcp_maintain's watch on the oldest unconfirmed message */
@@ -339,6 +342,7 @@ struct tcp_conn *conn_new(int fd);
 void conn_release(struct urdma_watcher *w);
 void conn_bury(struct tcp_conn *c);
 void conn_set_dead(struct tcp_conn *c, const char *why);
+void conn_set_dead_err(struct tcp_conn *c, int err);
 /* tcp_frame.c */
 uint32_t seg_open(struct tcp_conn *c, struct tx_seg *s,
 			 const uint8_t *hdr, uint32_t hlen, uint32_t plen,

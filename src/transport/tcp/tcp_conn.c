@@ -342,6 +342,15 @@ void tcp_qpn_release(uint32_t qpn)
 	pthread_mutex_unlock(&T.lock);
 }
 
+/* Dead by a socket error err: ETIMEDOUT is TCP_USER_TIMEOUT's (or our
+ * own look's, conn_probe_overdue), set to the QP's retry budget. */
+void conn_set_dead_err(struct tcp_conn *c, int err)
+{
+	if (err == ETIMEDOUT)
+		c->timed_out = true; /* (before dead, which publishes it) */
+	conn_set_dead(c, strerror(err));
+}
+
 void conn_set_dead(struct tcp_conn *c, const char *why)
 {
 	if (atomic_exchange(&c->dead, true))

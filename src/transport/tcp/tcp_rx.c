@@ -722,7 +722,7 @@ static void rx_pass(struct tcp_conn *c)
 		if (k == 0)
 			conn_set_dead(c, "closed by the peer");
 		else if (errno != EAGAIN && errno != EINTR)
-			conn_set_dead(c, strerror(errno));
+			conn_set_dead_err(c, errno);
 		return;
 	}
 }

@@ -363,7 +363,9 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 		if (!c->dead_handled && unconfirmed)
 			return URDMA_TX_WAIT;
 		if (!c->dead_handled) {
-			uint64_t due = c->dead_ns + urdma_qp_loss_grace_ns(qp);
+			uint64_t due = c->dead_ns +
+				       (c->timed_out ? 0 :
+						       urdma_qp_loss_grace_ns(qp));
 
 			if (urdma_now_ns() < due) {
 				urdma_progress_by(due);
@@ -437,6 +439,8 @@ out:
  * a zero-length Read goes out as a probe, and again each budget while it
  * stays stuck: a live peer's TCP acknowledges it and we keep waiting; on a
  * dead path it stays unacknowledged and the user timeout breaks the stream.
+ * With bytes unacknowledged for the budget the stream breaks here (TCP's
+ * own timeout waits for its next retransmission).
  * A probe's answer confirms what came before, like any flush.  The pass
  * that sees the oldest waiting asks for the one a budget later.  Under
  * rx_lock.
@@ -445,6 +449,8 @@ static void conn_probe_overdue(struct tcp_conn *c, struct urdma_qp *qp)
 {
 	uint64_t now = urdma_now_ns(), budget = urdma_qp_retry_ns(qp);
 	struct rdmap_read_req rr = { 0 };
+	struct tcp_info ti;
+	socklen_t tl = sizeof(ti);
 	uint32_t head, used;
 
 	pthread_mutex_lock(&c->ord_lock);
@@ -462,6 +468,24 @@ static void conn_probe_overdue(struct tcp_conn *c, struct urdma_qp *qp)
 	if (now - c->watch_ns < budget) {
 		urdma_progress_by(c->watch_ns + budget);
 		return;
+	}
+	if (getsockopt(c->fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 &&
+	    ti.tcpi_unacked && ti.tcpi_retransmits) {
+		/* Bytes out, retransmitted, and nothing acknowledged for the
+		 * budget: the path is gone, as a NIC's retries would have run
+		 * out.  TCP_USER_TIMEOUT says so only at a retransmission, up
+		 * to a second later (net_faults link-reads: 0.75 or 1.2 s for
+		 * a budget of 268 ms).  (Not without a retransmission: bytes
+		 * just sent on a stream quiet for longer, its oldest message
+		 * waiting for a receive the peer has not posted, are not a
+		 * dead path.) */
+		uint64_t quiet = ti.tcpi_last_ack_recv * 1000000ull;
+
+		if (quiet >= budget) {
+			conn_set_dead_err(c, ETIMEDOUT);
+			return;
+		}
+		urdma_progress_by(now + budget - quiet);
 	}
 	if (used + 1 >= c->unc_size) {
 		/* no room for a probe: look again a budget on (watch_ns +
@@ -574,7 +598,9 @@ bool tcp_maintain(struct urdma_qp *qp)
 		 * a Send in flight per QP) must not fail a sender that is
 		 * about to finish, as it does not on a NIC. */
 		if (atomic_load(&c->dead) && !c->dead_handled) {
-			uint64_t due = c->dead_ns + urdma_qp_loss_grace_ns(qp);
+			uint64_t due = c->dead_ns +
+				       (c->timed_out ? 0 :
+						       urdma_qp_loss_grace_ns(qp));
 
 			if (urdma_now_ns() >= due) {
 				c->dead_handled = true;

@@ -121,8 +121,9 @@ static ssize_t tx_some(struct tcp_conn *c, struct iovec *iov, int n,
 			continue;
 		if (errno == EAGAIN)
 			return -EAGAIN;
-		conn_set_dead(c, strerror(errno));
-		return -errno;
+		k = errno;
+		conn_set_dead_err(c, (int)k);
+		return -k;
 	}
 }
 
