@@ -658,7 +658,8 @@ int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 	struct tx_job j; /* (not zeroed whole: a KiB per message) */
 
 	memcpy(j.h, hdr, hlen);
-	memcpy(j.sp, sp, (size_t)nsp * sizeof(*sp));
+	if (nsp) /* (a control message has no spans: sp is NULL) */
+		memcpy(j.sp, sp, (size_t)nsp * sizeof(*sp));
 	j.hlen = hlen;
 	j.nsp = nsp;
 	j.len = len;
