@@ -339,6 +339,23 @@ void t_case(const char *name, t_case_fn fn, void *arg)
 	run_case(name, &d);
 }
 
+void t_pair_and_tcp(const char *name, t_side_fn parent_fn, t_side_fn child_fn, void *arg)
+{
+	const char *was = getenv("URDMA_TRANSPORT");
+	char *keep = was ? strdup(was) : NULL;
+	char tcp_name[128];
+
+	t_pair(name, parent_fn, child_fn, arg);
+	snprintf(tcp_name, sizeof(tcp_name), "tcp_%s", name);
+	setenv("URDMA_TRANSPORT", "tcp", 1);
+	t_pair(tcp_name, parent_fn, child_fn, arg);
+	if (keep)
+		setenv("URDMA_TRANSPORT", keep, 1);
+	else
+		unsetenv("URDMA_TRANSPORT");
+	free(keep);
+}
+
 void t_pair(const char *name, t_side_fn parent_fn, t_side_fn child_fn, void *arg)
 {
 	struct case_desc d = {.parent = parent_fn, .child = child_fn, .arg = arg};

@@ -95,6 +95,9 @@ void t_set_case_timeout(unsigned seconds);
 void t_case(const char *name, t_case_fn fn, void *arg);
 /* A two-process case: parent_fn runs in one process, child_fn in another. */
 void t_pair(const char *name, t_side_fn parent_fn, t_side_fn child_fn, void *arg);
+/* t_pair as name with the transport the environment picks, then as
+ * tcp_name with URDMA_TRANSPORT=tcp. */
+void t_pair_and_tcp(const char *name, t_side_fn parent_fn, t_side_fn child_fn, void *arg);
 int t_finish(void);
 
 /* The role of this process: "main", "solo", "parent" or "child". */

@@ -243,11 +243,7 @@ static void two_qps_child(struct t_peer *p, void *arg)
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
-	t_pair("recv_among_send_flood", flood_parent, flood_child, NULL);
-	t_pair("recv_qp_among_busy_qp", two_qps_parent, two_qps_child, NULL);
-	setenv("URDMA_TRANSPORT", "tcp", 1);
-	t_pair("tcp_recv_among_send_flood", flood_parent, flood_child, NULL);
-	t_pair("tcp_recv_qp_among_busy_qp", two_qps_parent, two_qps_child, NULL);
-	unsetenv("URDMA_TRANSPORT");
+	t_pair_and_tcp("recv_among_send_flood", flood_parent, flood_child, NULL);
+	t_pair_and_tcp("recv_qp_among_busy_qp", two_qps_parent, two_qps_child, NULL);
 	return t_finish();
 }

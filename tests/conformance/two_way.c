@@ -194,11 +194,7 @@ static void beyond_child(struct t_peer *p, void *arg)
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
-	t_pair("both_sides_send_at_once", xsend_parent, xsend_child, NULL);
-	t_pair("both_sides_send_beyond_receives", beyond_parent, beyond_child, NULL);
-	setenv("URDMA_TRANSPORT", "tcp", 1);
-	t_pair("tcp_both_sides_send_at_once", xsend_parent, xsend_child, NULL);
-	t_pair("tcp_both_sides_send_beyond_receives", beyond_parent, beyond_child, NULL);
-	unsetenv("URDMA_TRANSPORT");
+	t_pair_and_tcp("both_sides_send_at_once", xsend_parent, xsend_child, NULL);
+	t_pair_and_tcp("both_sides_send_beyond_receives", beyond_parent, beyond_child, NULL);
 	return t_finish();
 }

@@ -181,17 +181,29 @@ static int tx_rest(struct tcp_conn *c, uint8_t *buf, uint32_t len,
 	return 0;
 }
 
+/* All of buf's len bytes from *off on, as far as the socket takes them
+ * now: 0 when they have gone, -EAGAIN or an error.  Under tx_lock. */
+static int tx_rest_all(struct tcp_conn *c, uint8_t *buf, uint32_t len,
+		       uint32_t *off)
+{
+	while (*off < len) {
+		int r = tx_rest(c, buf, len, off);
+
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
 /* The bytes a cut write left (rest), as far as the socket takes them
  * now: 0 when none is left (and nothing else rests: resting is clear),
  * -EAGAIN or an error.  Under tx_lock. */
 static int rest_bytes(struct tcp_conn *c)
 {
-	while (c->rest_off < c->rest_len) {
-		int r = tx_rest(c, c->rest, c->rest_len, &c->rest_off);
+	int r = tx_rest_all(c, c->rest, c->rest_len, &c->rest_off);
 
-		if (r)
-			return r;
-	}
+	if (r)
+		return r;
 	c->rest_len = c->rest_off = 0;
 	if (!c->rest_job_on)
 		atomic_store(&c->resting, false);
@@ -217,12 +229,10 @@ static int res_send(struct tcp_conn *c)
  * none is left, -EAGAIN or an error.  Under tx_lock. */
 static int hold_send(struct tcp_conn *c)
 {
-	while (c->hold_off < c->hold_len) {
-		int r = tx_rest(c, c->hold, c->hold_len, &c->hold_off);
+	int r = tx_rest_all(c, c->hold, c->hold_len, &c->hold_off);
 
-		if (r)
-			return r;
-	}
+	if (r)
+		return r;
 	c->hold_len = c->hold_off = 0;
 	atomic_store_explicit(&c->held, false, memory_order_relaxed);
 	return 0;
