@@ -183,6 +183,13 @@ static int progress_sleep(struct epoll_event *evs, int max, uint64_t ns)
 	return n;
 }
 
+static __thread bool on_progress_thread;
+
+bool urdma_progress_self(void)
+{
+	return on_progress_thread;
+}
+
 static void *progress_main(void *arg)
 {
 	/* The last pass over every QP: when it ended; how long the last
@@ -191,6 +198,7 @@ static void *progress_main(void *arg)
 	uint64_t last_mr_check = 0, last_sweep = 0, sweep_ns[2] = { 0, 0 };
 	bool pending = false, owed = false;
 
+	on_progress_thread = true;
 	urdma_stop_coop();
 
 	while (!atomic_load(&stop)) {

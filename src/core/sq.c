@@ -233,6 +233,8 @@ static __thread struct urdma_qp *running_qp;
  */
 static void sq_run(struct urdma_qp *qp)
 {
+	bool quiet = false; /* the transport was quiesced in this run */
+
 	atomic_store_explicit(&qp->sq_async, 0, memory_order_relaxed);
 	for (;;) {
 		struct urdma_swqe *wqe;
@@ -250,6 +252,11 @@ static void sq_run(struct urdma_qp *qp)
 				if (!sq_flushing(qp))
 					break;
 				d = IBV_WC_WR_FLUSH_ERR + 1;
+			}
+			if (d - 1 != IBV_WC_SUCCESS && !quiet && qp->tr &&
+			    qp->tr->quiesce) {
+				qp->tr->quiesce(qp);
+				quiet = true;
 			}
 			sq_complete(qp, wqe, d - 1);
 			qp->sq_comp++;

@@ -769,6 +769,8 @@ int urdma_qp_error_if_live(struct ibv_context *ctx, struct ibv_qp *ibqp,
 void urdma_release_held(void);
 void urdma_progress_del_ctx(struct urdma_context *uctx);
 void urdma_progress_kick(void);
+/* Is this the progress thread? */
+bool urdma_progress_self(void);
 void urdma_progress_by(uint64_t t);
 int urdma_progress_watch(int fd, int kind, void *obj);
 void urdma_progress_unwatch(int fd);

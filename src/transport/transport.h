@@ -50,6 +50,11 @@ struct urdma_transport_ops {
 	 * for the WRs it said would follow goes now (TCP: MSG_MORE).  Under
 	 * qp->sq_lock. */
 	void (*flush)(struct urdma_qp *qp);
+	/* Optional.  A WR the transport took (URDMA_TX_POSTED) is about to
+	 * complete in error or flushed, and its memory may go once polled:
+	 * the transport stops reading it.  Under qp->sq_lock, before the
+	 * completion is reported. */
+	void (*quiesce)(struct urdma_qp *qp);
 	/* Optional.  The application turned to other things: send what was
 	 * held back for its next message on this QP.  Under qp->sq_lock, in
 	 * the application's thread. */

@@ -271,7 +271,7 @@ struct tcp_conn {
 	uint64_t dead_ns; /* when it was found dead */
 	/* found dead by a timeout (conn_set_dead_err): the retry budget has
 	 * passed already, the WRs fail at once (no loss grace) */
-	bool timed_out;
+	_Atomic bool timed_out;
 	bool dead_handled;
 	bool shut; /* given up (conn_shut): what arrives is dropped */
 	/* tcp_maintain's watch on the oldest unconfirmed message */
@@ -368,6 +368,7 @@ void tx_hold_push(struct tcp_conn *c);
 int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		  const struct urdma_span *sp, int nsp, uint64_t len);
 int tx_rest_push(struct tcp_conn *c);
+void tx_rest_drop_job(struct tcp_conn *c);
 void tx_rest_resume(struct tcp_conn *c);
 uint32_t tcp_put_untagged_inv(uint8_t *h, unsigned op, uint32_t qn,
 			      uint32_t msn, uint32_t inval_stag);

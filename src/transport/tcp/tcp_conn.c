@@ -346,16 +346,20 @@ void tcp_qpn_release(uint32_t qpn)
  * own look's, conn_probe_overdue), set to the QP's retry budget. */
 void conn_set_dead_err(struct tcp_conn *c, int err)
 {
-	if (err == ETIMEDOUT)
-		c->timed_out = true; /* (before dead, which publishes it) */
+	/* (before dead, which publishes it; not for a stream already
+	 * dead by another cause) */
+	if (err == ETIMEDOUT && !atomic_load(&c->dead))
+		atomic_store(&c->timed_out, true);
 	conn_set_dead(c, strerror(err));
 }
 
 void conn_set_dead(struct tcp_conn *c, const char *why)
 {
+	if (atomic_load(&c->dead))
+		return;
+	c->dead_ns = urdma_now_ns(); /* (before dead, which publishes it) */
 	if (atomic_exchange(&c->dead, true))
 		return;
-	c->dead_ns = urdma_now_ns();
 	urdma_info("tcp: qp %#x: connection to qp %#x lost: %s", c->local_qpn,
 		   c->peer_qpn, why);
 	urdma_progress_kick();

@@ -144,6 +144,11 @@ void conn_cb(struct urdma_watcher *w, uint32_t events)
 	    atomic_exchange(&c->want_out, false)) {
 		conn_watch(c);
 		rsp_send_due(c); /* queued meanwhile */
+		/* A send cut meanwhile found want_out still set and left the
+		 * watch to us. */
+		if (atomic_load(&c->resting) &&
+		    !atomic_exchange(&c->want_out, true))
+			conn_watch(c);
 	}
 }
 

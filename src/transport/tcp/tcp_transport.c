@@ -162,7 +162,7 @@ static void tcp_disconnect(struct urdma_qp *qp)
 		/* The rest of a cut message frames no more of its memory,
 		 * which may go with the QP (tx_rest_push). */
 		pthread_mutex_lock(&c->tx_lock);
-		c->rest_job_on = false;
+		tx_rest_drop_job(c);
 		pthread_mutex_unlock(&c->tx_lock);
 		rsp_send(c);
 		pthread_mutex_lock(&c->rx_lock);
@@ -385,7 +385,8 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 				    rd ? IBV_ACCESS_LOCAL_WRITE : 0);
 	if (*status != IBV_WC_SUCCESS)
 		return URDMA_TX_DONE;
-	long_park = !rd && w->byte_len >= TX_PARK_MIN && tx_park(c);
+	long_park = !rd && w->byte_len >= TX_PARK_MIN &&
+		    !atomic_load(&c->resting) && tx_park(c);
 	/* The answer to what a receiving poll parked the stream for: from
 	 * now on the application is not one that left it to spin on memory
 	 * (tcp_maintain), even if its CPU is taken from it in the send.  The
@@ -406,9 +407,13 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	}
 	/* A Send or Write that finds no room while our own receiving waits
 	 * for a receive WR is cut: its rest goes later, and the application
-	 * can post that receive (UC's peer never waits for one, and its
-	 * message completes as it is sent: not cut). */
-	c->tx_cut = qp->ibqp.qp_type == IBV_QPT_UC ? TXC_NEVER : TXC_STALLED;
+	 * can post that receive.  On the progress thread, one that finds no
+	 * room is cut: it serves every stream and must not wait on one.
+	 * (UC's peer never waits for a receive, and its message completes
+	 * as it is sent: not cut.) */
+	c->tx_cut = qp->ibqp.qp_type == IBV_QPT_UC ? TXC_NEVER :
+		    urdma_progress_self()	       ? TXC_ALWAYS :
+							 TXC_STALLED;
 	conn_sync_timeout(c, qp);
 	/* More WRs to run after this one: TCP holds this one's bytes for
 	 * theirs (MSG_MORE), and the engine's end pushes them (tcp_flush):
@@ -634,6 +639,20 @@ static void tcp_recv_posted(struct urdma_qp *qp)
 }
 
 
+/* A WR the stream took completes in error or flushed: the rest of a cut
+ * message reads no more of its memory (tx_rest_drop_job).  Under
+ * sq_lock, which keeps the connection. */
+static void tcp_quiesce(struct urdma_qp *qp)
+{
+	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
+
+	if (!c || !atomic_load(&c->resting))
+		return;
+	pthread_mutex_lock(&c->tx_lock);
+	tx_rest_drop_job(c);
+	pthread_mutex_unlock(&c->tx_lock);
+}
+
 /* The engine stops: what MSG_MORE held back goes now.  Setting TCP_NODELAY
  * (on already) pushes what TCP holds.  sq_lock keeps the connection:
  * qp_disconnect runs under it. */
@@ -673,6 +692,7 @@ const struct urdma_transport_ops urdma_tcp_transport = {
 	.armed = tcp_armed,
 	.release = tcp_release,
 	.flush = tcp_flush,
+	.quiesce = tcp_quiesce,
 	.qpn_reserve = tcp_qpn_reserve,
 	.qpn_bind = tcp_qpn_bind,
 	.qpn_release = tcp_qpn_release,

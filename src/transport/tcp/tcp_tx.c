@@ -490,6 +490,25 @@ static int tx_drain(struct tcp_conn *c, struct iovec *iov, int n)
 static int tx_all_now(struct tcp_conn *c, struct iovec *iov, int n,
 		      bool more);
 
+/* The progress thread watches for room while something rests. */
+static void rest_watch(struct tcp_conn *c)
+{
+	if (!atomic_exchange(&c->want_out, true))
+		conn_watch(c);
+}
+
+/* The cut message's unframed part goes nowhere now (its memory may go:
+ * the stream is given up, or its WR completes in error), nor do the
+ * FPDUs framed to ride with it.  Under tx_lock. */
+void tx_rest_drop_job(struct tcp_conn *c)
+{
+	c->rest_job_on = false;
+	c->ntail = 0;
+	c->tx_head.hlen = 0;
+	if (!c->rest_len)
+		atomic_store(&c->resting, false);
+}
+
 /* What a cut write had left (tx_cut): kept in rest, to go first when
  * there is room.  -EINPROGRESS.  Under tx_lock. */
 static int rest_keep(struct tcp_conn *c, const struct iovec *iov, int n)
@@ -594,8 +613,12 @@ static int tx_all_now(struct tcp_conn *c, struct iovec *iov, int n,
 		if (k == -EAGAIN) {
 			int r = tx_wait(c);
 
-			if (r == TX_CUT)
-				return rest_keep(c, iov, n);
+			if (r == TX_CUT) {
+				r = rest_keep(c, iov, n);
+				if (r != -EINPROGRESS && partial)
+					atomic_store(&c->tx_broken, true);
+				return r;
+			}
 			if (r) {
 				/* Part of an FPDU may be out: nothing may
 				 * follow it on this stream, unless the rest
@@ -687,8 +710,7 @@ static int tx_job_keep(struct tcp_conn *c, struct tx_job *j, bool more)
 		c->rest_job = *j;
 	c->rest_job_on = more;
 	atomic_store(&c->resting, true);
-	if (!atomic_exchange(&c->want_out, true))
-		conn_watch(c);
+	rest_watch(c);
 	return -EINPROGRESS;
 }
 
@@ -784,25 +806,26 @@ int tx_rest_push(struct tcp_conn *c)
 	if (!atomic_load(&c->resting))
 		return 0;
 	r = rest_bytes(c);
-	if (r && r != -EAGAIN)
-		c->rest_job_on = false;
-	if (r)
-		goto out;
-	if (c->rest_job_on && conn_giving_up(c)) {
-		c->rest_job_on = false;
-		c->ntail = 0;
-	}
-	if (c->rest_job_on) {
+	if (!r && c->rest_job_on && conn_giving_up(c))
+		tx_rest_drop_job(c);
+	if (!r && c->rest_job_on) {
 		c->tx_cut = TXC_ALWAYS;
 		r = tx_job_run(c, &c->rest_job);
 		c->tx_cut = cut;
 		if (r == -EINPROGRESS)
-			return -EAGAIN;
-		c->rest_job_on = false;
+			r = -EAGAIN; /* (tx_job_keep watches) */
+		else
+			tx_rest_drop_job(c); /* sent, or the stream died */
 	}
-out:
-	if (r != -EAGAIN)
-		atomic_store(&c->resting, false);
+	if (r == -EAGAIN) {
+		rest_watch(c);
+		return r;
+	}
+	if (r) { /* the stream died: nothing more goes */
+		tx_rest_drop_job(c);
+		c->rest_len = c->rest_off = 0;
+	}
+	atomic_store(&c->resting, false);
 	return r;
 }
 
