@@ -368,7 +368,7 @@ void tx_hold_push(struct tcp_conn *c);
 int tx_msg(struct tcp_conn *c, const uint8_t *hdr, uint32_t hlen,
 		  const struct urdma_span *sp, int nsp, uint64_t len);
 int tx_rest_push(struct tcp_conn *c);
-void tx_rest_drop_job(struct tcp_conn *c);
+void tx_rest_forget(struct tcp_conn *c);
 void tx_rest_resume(struct tcp_conn *c);
 uint32_t tcp_put_untagged_inv(uint8_t *h, unsigned op, uint32_t qn,
 			      uint32_t msn, uint32_t inval_stag);

@@ -160,10 +160,8 @@ static void tcp_disconnect(struct urdma_qp *qp)
 		 * answers a peer waits for go if the socket takes them. */
 		atomic_store(&c->closing, true);
 		/* The rest of a cut message frames no more of its memory,
-		 * which may go with the QP (tx_rest_push). */
-		pthread_mutex_lock(&c->tx_lock);
-		tx_rest_drop_job(c);
-		pthread_mutex_unlock(&c->tx_lock);
+		 * which may go with the QP. */
+		tx_rest_forget(c);
 		rsp_send(c);
 		pthread_mutex_lock(&c->rx_lock);
 		rcv_abandon(c);
@@ -398,8 +396,7 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 	 * is left, this WR waits (the progress thread runs it then:
 	 * tx_rest_resume). */
 	if (atomic_load(&c->resting)) {
-		c->tx_cut = TXC_ALWAYS;
-		tx_rest_push(c);
+		tx_rest_push(c); /* (never waits) */
 		if (atomic_load(&c->resting)) {
 			r = URDMA_TX_WAIT; /* nothing of it sent */
 			goto out;
@@ -640,17 +637,14 @@ static void tcp_recv_posted(struct urdma_qp *qp)
 
 
 /* A WR the stream took completes in error or flushed: the rest of a cut
- * message reads no more of its memory (tx_rest_drop_job).  Under
- * sq_lock, which keeps the connection. */
+ * message reads no more of its memory.  Under sq_lock, which keeps the
+ * connection. */
 static void tcp_quiesce(struct urdma_qp *qp)
 {
 	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
 
-	if (!c || !atomic_load(&c->resting))
-		return;
-	pthread_mutex_lock(&c->tx_lock);
-	tx_rest_drop_job(c);
-	pthread_mutex_unlock(&c->tx_lock);
+	if (c)
+		tx_rest_forget(c);
 }
 
 /* The engine stops: what MSG_MORE held back goes now.  Setting TCP_NODELAY

@@ -500,7 +500,7 @@ static void rest_watch(struct tcp_conn *c)
 /* The cut message's unframed part goes nowhere now (its memory may go:
  * the stream is given up, or its WR completes in error), nor do the
  * FPDUs framed to ride with it.  Under tx_lock. */
-void tx_rest_drop_job(struct tcp_conn *c)
+static void tx_rest_drop_job(struct tcp_conn *c)
 {
 	c->rest_job_on = false;
 	c->ntail = 0;
@@ -827,6 +827,17 @@ int tx_rest_push(struct tcp_conn *c)
 	}
 	atomic_store(&c->resting, false);
 	return r;
+}
+
+/* The same, taking tx_lock: a WR the stream took completes in error or
+ * flushed (tcp_quiesce), or the QP goes (tcp_disconnect). */
+void tx_rest_forget(struct tcp_conn *c)
+{
+	if (!atomic_load(&c->resting))
+		return;
+	pthread_mutex_lock(&c->tx_lock);
+	tx_rest_drop_job(c);
+	pthread_mutex_unlock(&c->tx_lock);
 }
 
 /* The progress thread, when there is room (conn_cb): the rest goes, and
