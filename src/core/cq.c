@@ -10,9 +10,11 @@
  * (cq_take).
  *
  * Notification: ibv_req_notify_cq arms the CQ and sets 'notify' in the
- * shared block of each of its receive QPs.  A local producer fires the
- * channel directly; a remote deliverer clears 'notify', sets 'notify_fired'
- * and wakes our progress thread, which fires the channel (urdma_cq_notify).
+ * shared block of each of its receive QPs; a poll that leaves completions
+ * on a CQ so armed fires it (cq_fire_left_locked).  A local producer fires
+ * the channel directly; a remote deliverer clears 'notify', sets
+ * 'notify_fired' and wakes our progress thread, which fires the channel
+ * (urdma_cq_notify).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -92,6 +94,24 @@ static uint32_t cq_ready_locked(struct urdma_cq *cq)
 	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
 		n += urdma_rq_ready(qp);
 	return n;
+}
+
+/* Does the CQ hold a completion: in its ring, its QPs' receive rings,
+ * their SRQs or its XRC SRQs?  Under cq->lock. */
+static bool cq_holds_locked(struct urdma_cq *cq)
+{
+	struct urdma_srq *srq;
+	struct urdma_qp *qp;
+
+	if (cq->head != cq->tail)
+		return true;
+	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
+		if (urdma_rq_any(qp) || (qp->srq && urdma_srq_pending(qp->srq)))
+			return true;
+	list_for_each_entry(srq, &cq->xrc_srqs, cq_node)
+		if (urdma_srq_pending(srq))
+			return true;
+	return false;
 }
 
 /* Tell deliverers whether the CQ is armed: in the blocks of its receive
@@ -577,6 +597,20 @@ static int cq_harvest(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 	return n;
 }
 
+/* A poll that filled its request on a CQ armed for any completion: if
+ * completions are left, the CQ fires.  A program that takes an event,
+ * re-arms, then polls once (qperf: at most 1,024 from a CQ of sends and
+ * receives that holds up to twice that) otherwise sleeps on what its poll
+ * left, and its peer on it.  Only what is left after such a poll fires:
+ * perftest's -e takes an event, re-arms and polls one completion, and an
+ * event for that one, already taken, would wake it to nothing.  Under
+ * cq->lock. */
+static void cq_fire_left_locked(struct urdma_cq *cq)
+{
+	if (cq->armed == URDMA_NOTIFY_ANY && cq_holds_locked(cq))
+		cq_fire_locked(cq);
+}
+
 /* Completions ready on the CQ, at most num (ts as above).  The ring goes
  * first; but after a call that the ring alone filled, it has at most half
  * of this one before the receive QPs have theirs (and the rest after).
@@ -690,6 +724,8 @@ int urdma_cq_poll(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 	     (!list_empty(&cq->xrc_srqs) &&
 	      atomic_load_explicit(&urdma_xrc_polled, memory_order_relaxed))))
 		np = cq_take_pollers(cq, trs, qps, &xrc);
+	if (n == num && num)
+		cq_fire_left_locked(cq);
 	pthread_mutex_unlock(&cq->lock);
 	if (!np)
 		return n;
@@ -704,6 +740,8 @@ int urdma_cq_poll(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 		cq_drain_srqs(cq);
 	pthread_mutex_lock(&cq->lock);
 	n += cq_take(cq, num - n, wc + n, ts ? ts + n : NULL);
+	if (n == num)
+		cq_fire_left_locked(cq);
 	pthread_mutex_unlock(&cq->lock);
 	return n;
 }

@@ -189,6 +189,19 @@ uint32_t urdma_rq_ready(struct urdma_qp *qp)
 	return rq_first_open(qp, poll, prod) - poll;
 }
 
+/* Is a receive completion ready to harvest?  Only the first entry is
+ * looked at: a cheap test for ibv_req_notify_cq. */
+bool urdma_rq_any(struct urdma_qp *qp)
+{
+	uint32_t poll = __atomic_load_n(&qp->rq_poll, __ATOMIC_ACQUIRE);
+	uint32_t prod = atomic_load(&qp->rq_prod);
+
+	if (poll == prod)
+		return false;
+	return atomic_load(&qp->rq_flushed) ||
+	       urdma_rqe_done(urdma_rq_entry(qp, poll), poll);
+}
+
 /* One completion a deliverer wrote into e, checked: 0, or -1 if it can't
  * be (an unknown status or opcode, a Send longer than the receive; for a
  * UD QP, anything but a Send of at least the GRH's 40 bytes). */

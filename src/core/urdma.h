@@ -712,6 +712,7 @@ bool urdma_rq_quiesce(struct urdma_qp *qp, uint64_t wait_ns);
 uint32_t urdma_rq_flush(struct urdma_qp *qp);
 void urdma_rq_reset(struct urdma_qp *qp);
 uint32_t urdma_rq_ready(struct urdma_qp *qp);
+bool urdma_rq_any(struct urdma_qp *qp);
 
 /* The stride of a receive ring of entries with max_sge SGEs. */
 static inline uint32_t urdma_rq_stride(uint32_t max_sge)

@@ -409,6 +409,119 @@ static void armed_before_qp_receiver(struct t_peer *p, void *arg)
 	side_close(&s);
 }
 
+/*
+ * ---- Armed behind completions it holds, a CQ fires at once ----
+ * qperf's rc_bi_bw: one CQ for sends and receives; each round takes an
+ * event, re-arms and polls once, at most its batch.  What the poll left
+ * raises no new completion, so a CQ that fires only for new ones leaves
+ * both sides asleep (a NIC fires when armed behind unpolled entries).
+ * Here the batch is 3 and the CQ holds 8 receives and 4 sends.
+ */
+#define HELD_RECVS 8
+#define HELD_SENDS 4
+
+static void held_sender(struct t_peer *p, void *arg)
+{
+	struct side s;
+	side_open(&s, false);
+	t_connect_pair(p, &s.r, s.mr, NULL);
+	for (int i = 0; i < HELD_SENDS; i++)
+		REQUIRE(t_post_recv(s.r.qp, (uint64_t)i, s.buf + 64 * i, 64, s.mr->lkey) == 0,
+			"ibv_post_recv");
+	t_barrier(p); /* 1: both sides' receives are posted */
+	for (int i = 0; i < HELD_RECVS; i++)
+		send_one(&s, (uint64_t)i, 0);
+	struct ibv_wc wc[HELD_RECVS];
+	int got = t_poll(s.r.send_cq, wc, HELD_RECVS, T_WAIT_MS);
+	CHECK(got == HELD_RECVS, "%d of %d sends completed", got, HELD_RECVS);
+	got = t_poll(s.r.recv_cq, wc, HELD_SENDS, T_WAIT_MS);
+	CHECK(got == HELD_SENDS, "%d of the peer's %d sends received", got, HELD_SENDS);
+	t_barrier(p); /* 2: everything is there */
+	t_barrier(p); /* 3: the peer posted one more receive */
+	send_one(&s, 9, 0);
+	t_expect_wc(s.r.send_cq, NULL, 9, IBV_WC_SUCCESS, IBV_WC_SEND, "the last send");
+	t_barrier(p);
+	side_close(&s);
+}
+
+static void held_poller(struct t_peer *p, void *arg)
+{
+	struct t_opts o = t_opts_default();
+	struct side s;
+	o.use_channel = true; /* one CQ for both, as qperf */
+	t_res_open(&s.r, &o);
+	s.buf = t_alloc(65536);
+	s.mr = t_reg(&s.r, s.buf, 65536, IBV_ACCESS_LOCAL_WRITE);
+	t_connect_pair(p, &s.r, s.mr, NULL);
+	for (int i = 0; i < HELD_RECVS; i++)
+		REQUIRE(t_post_recv(s.r.qp, 100u + (uint64_t)i, s.buf + 64 * i, 64,
+				    s.mr->lkey) == 0, "ibv_post_recv");
+	REQUIRE(ibv_req_notify_cq(s.r.recv_cq, 0) == 0, "ibv_req_notify_cq");
+	t_barrier(p); /* 1 */
+	for (int i = 0; i < HELD_SENDS; i++)
+		send_one(&s, 200u + (uint64_t)i, 0);
+	t_barrier(p); /* 2: the peer took our sends and completed its own */
+	t_sleep_ms(50);
+
+	bool seen[HELD_RECVS + HELD_SENDS] = {false};
+	int total = 0, rounds = 0;
+	while (total < HELD_RECVS + HELD_SENDS && rounds++ < 64) {
+		struct ibv_cq *cq;
+		void *ctx;
+		struct ibv_wc wc[3];
+
+		if (!CHECK(t_fd_readable(s.r.channel->fd, T_WAIT_MS),
+			   "no event in %d ms, with %d of %d completions taken: the CQ was "
+			   "re-armed while it held the rest", T_WAIT_MS, total,
+			   HELD_RECVS + HELD_SENDS))
+			break;
+		REQUIRE(ibv_get_cq_event(s.r.channel, &cq, &ctx) == 0, "ibv_get_cq_event");
+		ibv_ack_cq_events(cq, 1);
+		REQUIRE(ibv_req_notify_cq(s.r.recv_cq, 0) == 0, "ibv_req_notify_cq");
+		int n = ibv_poll_cq(s.r.recv_cq, 3, wc);
+		REQUIRE(n >= 0, "ibv_poll_cq: %d", n);
+		for (int i = 0; i < n; i++) {
+			uint64_t id = wc[i].wr_id;
+			int k = id >= 200 ? HELD_RECVS + (int)(id - 200) : (int)(id - 100);
+
+			CHECK(wc[i].status == IBV_WC_SUCCESS, "wr_id %llu: status %d",
+			      (unsigned long long)id, wc[i].status);
+			if (CHECK(k >= 0 && k < HELD_RECVS + HELD_SENDS && !seen[k],
+				  "wr_id %llu unknown or twice", (unsigned long long)id))
+				seen[k] = true;
+		}
+		total += n;
+	}
+	CHECK(total == HELD_RECVS + HELD_SENDS, "%d completions taken", total);
+	/* Emptied: what the last arm fired is taken; an arm now fires
+	 * nothing. */
+	while (t_fd_readable(s.r.channel->fd, 50)) {
+		struct ibv_cq *cq;
+		void *ctx;
+
+		REQUIRE(ibv_get_cq_event(s.r.channel, &cq, &ctx) == 0, "ibv_get_cq_event");
+		ibv_ack_cq_events(cq, 1);
+	}
+	REQUIRE(ibv_req_notify_cq(s.r.recv_cq, 0) == 0, "ibv_req_notify_cq");
+	CHECK(!t_fd_readable(s.r.channel->fd, 100), "an empty CQ fired when armed");
+	/* perftest's -e: an event, a re-arm behind the one completion, a
+	 * poll of one.  Nothing is left, so no event: a second one would
+	 * wake it to an empty poll. */
+	REQUIRE(t_post_recv(s.r.qp, 300, s.buf, 64, s.mr->lkey) == 0, "ibv_post_recv");
+	t_barrier(p); /* 3 */
+	if (t_wait_cq_event(s.r.channel, s.r.recv_cq, T_WAIT_MS)) {
+		struct ibv_wc wc;
+
+		REQUIRE(ibv_req_notify_cq(s.r.recv_cq, 0) == 0, "ibv_req_notify_cq");
+		CHECK(ibv_poll_cq(s.r.recv_cq, 1, &wc) == 1 && wc.wr_id == 300,
+		      "the completion of the event was not there");
+		CHECK(!t_fd_readable(s.r.channel->fd, 100),
+		      "an event for a completion the poll after the arm took");
+	}
+	t_barrier(p);
+	side_close(&s);
+}
+
 static void storm_starter(struct t_peer *p, void *arg) { event_storm(p, true); }
 static void storm_responder(struct t_peer *p, void *arg) { event_storm(p, false); }
 
@@ -423,5 +536,6 @@ int main(int argc, char **argv)
 	t_case("error_completion_wakes_solicited_only", error_completion_event, NULL);
 	t_case("two_cqs_one_channel", two_cqs_one_channel, NULL);
 	t_pair("event_driven_pingpong_loses_no_wakeup", storm_starter, storm_responder, NULL);
+	t_pair_and_tcp("armed_behind_unpolled_completions_fires", held_sender, held_poller, NULL);
 	return t_finish();
 }
