@@ -236,4 +236,5 @@ void urdma_arena_atfork_child(void)
 	memset(&A, 0, sizeof(A));
 	pthread_mutex_init(&A.lock, NULL);
 	atomic_store(&lock_va, 0);
+	urdma_wake_atfork_child();
 }

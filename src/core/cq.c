@@ -17,6 +17,7 @@
  * (urdma_cq_notify).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -43,6 +44,7 @@ struct ibv_comp_channel *urdma_create_comp_channel(struct ibv_context *context)
 	}
 	ch->ch.context = context;
 	pthread_mutex_init(&ch->lock, NULL);
+	urdma_wake_init();
 	return &ch->ch;
 }
 
@@ -82,6 +84,7 @@ static void channel_push(struct urdma_channel *ch, struct urdma_cq *cq)
 	pthread_mutex_unlock(&ch->lock);
 	if (write(ch->ch.fd, &one, sizeof(one)) < 0)
 		urdma_err("completion channel write: %m");
+	urdma_wake_local(); /* a thread may sleep for it (wake.c) */
 }
 
 /* Completions the CQ holds (its ring, its QPs' receive rings).  Under
@@ -207,8 +210,18 @@ int urdma_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq,
 {
 	struct urdma_channel *ch = to_uchan(channel);
 	struct urdma_cq *ucq;
+	unsigned int queued;
 	uint64_t v;
+	int fl;
 
+	/* Nothing queued and a blocking fd: sleep where the peers that fire
+	 * our CQs wake us themselves (wake.c), until something is. */
+	pthread_mutex_lock(&ch->lock);
+	queued = ch->count;
+	pthread_mutex_unlock(&ch->lock);
+	if (!queued && (fl = fcntl(channel->fd, F_GETFL)) >= 0 &&
+	    !(fl & O_NONBLOCK) && urdma_wake_sleep(ch) < 0)
+		return -1;
 	if (read(channel->fd, &v, sizeof(v)) != sizeof(v))
 		return -1;
 	pthread_mutex_lock(&ch->lock);

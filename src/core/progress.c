@@ -124,6 +124,22 @@ static void release_retired(void)
 	}
 }
 
+/* Fire what peers marked for firing, in every QP (wake.c). */
+void urdma_progress_take_fired(void)
+{
+	struct urdma_context *uctx;
+	struct urdma_qp *qp;
+
+	pthread_mutex_lock(&ctx_lock);
+	list_for_each_entry(uctx, &ctxs, node) {
+		pthread_mutex_lock(&uctx->lock);
+		list_for_each_entry(qp, &uctx->qps, ctx_node)
+			urdma_qp_take_fired(qp);
+		pthread_mutex_unlock(&uctx->lock);
+	}
+	pthread_mutex_unlock(&ctx_lock);
+}
+
 /* One pass over every QP; returns whether sends are still waiting. */
 static bool maintain_all(bool check_mrs)
 {

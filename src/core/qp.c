@@ -197,6 +197,7 @@ struct ibv_qp *urdma_qp_create(struct ibv_context *context,
 		.rq_max_sge = qp->rq.max_sge,
 		.rq_offset = sizeof(struct urdma_shm_qp),
 		.xrcd_id = tgt ? xrcd->id : 0,
+		.wake_va = urdma_wake_va(),
 		.gen = urdma_random32() | 1,
 	};
 	pthread_mutex_init(&qp->sq_lock, NULL);

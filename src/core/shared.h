@@ -42,7 +42,7 @@
 #include <stdint.h>
 
 #define URDMA_SHM_MAGIC 0x75726d61u /* "urma" */
-#define URDMA_SHM_VERSION 12u
+#define URDMA_SHM_VERSION 13u
 #define URDMA_CACHELINE 64
 
 /* MR table: key = (index << URDMA_MR_TAG_BITS) | random tag.  The index
@@ -220,6 +220,9 @@ struct urdma_shm_qp {
 	/* An XRC target: receives go to the XRC SRQ each message names, of
 	 * this domain (struct urdma_shm_srq.xrcd_id). */
 	uint64_t xrcd_id;
+	/* The owner context's wake block (struct urdma_shm_wake), in the
+	 * same identity memfd; 0: none. */
+	uint64_t wake_va;
 	/* Written by deliverers. */
 	alignas(URDMA_CACHELINE) _Atomic uint32_t error_req; /* please enter ERR */
 	_Atomic uint32_t rnr_waiter; /* wake the peer on the next post_recv */
@@ -236,6 +239,29 @@ struct urdma_shm_qp {
 	alignas(URDMA_CACHELINE) uint8_t rq[];
 };
 static_assert(sizeof(struct urdma_shm_qp) == 5 * URDMA_CACHELINE, "qp header");
+
+/*
+ * A context's wake block: a thread of the owner asleep in
+ * ibv_get_cq_event waits on seq (a futex), counted in sleepers.  A
+ * deliverer that consumed the 'notify' of one of its QPs sets fired and,
+ * if anyone sleeps, bumps seq and wakes them: the owner's thread fires the
+ * CQ itself, one wake-up instead of two (its progress thread, then it).
+ * With nobody asleep the deliverer wakes the progress thread as before.
+ * Peers write it: hints only, never trusted for the owner's own wake-ups.
+ * One page, never reused while the process lives (arena quarantine): a
+ * peer may keep writing it after the context closed.
+ */
+#define URDMA_WAKE_MAGIC 0x75776b65u /* "uwke" */
+struct urdma_shm_wake {
+	uint32_t magic; /* written by the owner only */
+	uint32_t version;
+	alignas(URDMA_CACHELINE) _Atomic uint32_t seq;
+	_Atomic uint32_t sleepers;
+	_Atomic uint32_t fired;
+	_Atomic uint32_t waiting; /* of the sleepers, in the futex wait */
+	_Atomic uint64_t since;	  /* when one last went to wait (ns) */
+};
+static_assert(sizeof(struct urdma_shm_wake) == 2 * URDMA_CACHELINE, "wake");
 
 /*
  * A shared receive queue's block.  The owner posts as into a QP's ring

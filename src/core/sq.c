@@ -337,6 +337,22 @@ static void fire_held(struct urdma_qp *qp)
 		urdma_cq_notify(qp->rcq);
 }
 
+/* A peer fired qp's CQ (notify_fired), and our progress thread was not
+ * woken for it (wake.c): fire it here, as urdma_qp_maintain does.  Send
+ * completions marked before it go first: then the progress thread runs
+ * the engine and fires it (the engine may send over TCP, and must not
+ * wait for socket room here, under the context's lock).  Under the
+ * context's lock. */
+void urdma_qp_take_fired(struct urdma_qp *qp)
+{
+	if (!atomic_load(&qp->shm->notify_fired))
+		return;
+	if (atomic_load(&qp->sq_async))
+		urdma_progress_kick();
+	else
+		fire_held(qp);
+}
+
 /* The engine, and a receive's event held for the completions it retires
  * (only then: not a look at a peer's line per ibv_post_send). */
 void urdma_sq_run(struct urdma_qp *qp)

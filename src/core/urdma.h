@@ -255,6 +255,7 @@ struct urdma_shm_dest {
 	uint32_t prod, done; /* its rq_prod as last read, our rq_done */
 	uint32_t gen;	     /* the block's, when found */
 	uint32_t epoch;	     /* its rq_epoch when prod was read */
+	struct urdma_shm_wake *wake; /* its owner's wake block, or NULL */
 };
 
 /* What the owner posted in a receive slot: the shared ring has the SGEs
@@ -646,6 +647,17 @@ void urdma_qp_wr_mark(struct urdma_qp *qp, uint32_t idx,
 		      enum ibv_wc_status status);
 void urdma_qp_wr_kick(struct urdma_qp *qp);
 void urdma_qp_notify_recv(struct urdma_qp *qp);
+void urdma_qp_take_fired(struct urdma_qp *qp);
+void urdma_progress_take_fired(void);
+
+/* wake.c */
+void urdma_wake_init(void);
+void urdma_wake_atfork_child(void);
+uint64_t urdma_wake_va(void);
+struct urdma_shm_wake *urdma_wake_map(struct urdma_peer *p, uint64_t va);
+bool urdma_wake_owner(struct urdma_shm_wake *w);
+void urdma_wake_local(void);
+int urdma_wake_sleep(struct urdma_channel *ch);
 void urdma_qp_set_error(struct urdma_qp *qp, bool fatal_event);
 void urdma_qp_lost(struct urdma_qp *qp);
 uint64_t urdma_qp_retry_ns(const struct urdma_qp *qp);

@@ -15,6 +15,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -262,6 +264,47 @@ static void error_completion_event(void *arg)
 	 * a completion in error. */
 	t_wait_cq_event(s.r.channel, s.r.recv_cq, T_WAIT_MS);
 	t_expect_wc(s.r.recv_cq, NULL, 50, IBV_WC_WR_FLUSH_ERR, -1, "flushed receive");
+	side_close(&s);
+}
+
+/* ---- A thread blocked in ibv_get_cq_event can be cancelled ----
+ * rping cancels its CQ thread there and joins it: ibv_get_cq_event is a
+ * cancellation point, as the read() in rdma-core's is. */
+
+static void *blocked_getter(void *arg)
+{
+	struct ibv_comp_channel *ch = arg;
+	struct ibv_cq *cq;
+	void *ctx;
+
+	ibv_get_cq_event(ch, &cq, &ctx);
+	return NULL;
+}
+
+static void cancel_in_get_cq_event(void *arg)
+{
+	struct side s;
+	pthread_t th;
+	void *ret = NULL;
+
+	side_open(&s, true);
+	REQUIRE(ibv_req_notify_cq(s.r.recv_cq, 0) == 0, "ibv_req_notify_cq");
+	REQUIRE(pthread_create(&th, NULL, blocked_getter, s.r.channel) == 0, "pthread_create");
+	t_sleep_ms(100); /* asleep in it */
+	REQUIRE(pthread_cancel(th) == 0, "pthread_cancel");
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 5;
+	int err = pthread_timedjoin_np(th, &ret, &until);
+	REQUIRE(err == 0, "the cancelled thread did not end within 5 s (%s)", strerror(err));
+	CHECK(ret == PTHREAD_CANCELED, "the thread returned instead of being cancelled");
+	/* The channel still works: an error completion's event. */
+	REQUIRE(t_modify_init(&s.r) == 0, "RESET->INIT");
+	REQUIRE(t_post_recv(s.r.qp, 7, s.buf, 64, s.mr->lkey) == 0, "ibv_post_recv");
+	REQUIRE(ibv_req_notify_cq(s.r.recv_cq, 0) == 0, "ibv_req_notify_cq");
+	REQUIRE(t_modify_state(s.r.qp, IBV_QPS_ERR) == 0, "-> ERR");
+	t_wait_cq_event(s.r.channel, s.r.recv_cq, T_WAIT_MS);
+	t_expect_wc(s.r.recv_cq, NULL, 7, IBV_WC_WR_FLUSH_ERR, -1, "flushed receive");
 	side_close(&s);
 }
 
@@ -522,6 +565,58 @@ static void held_poller(struct t_peer *p, void *arg)
 	side_close(&s);
 }
 
+/*
+ * ---- A peer's message wakes a thread asleep in ibv_get_cq_event itself ----
+ * Over shared memory the sender fires the receiver's CQ; a receiver that
+ * sleeps in ibv_get_cq_event is woken by it directly, not through its
+ * progress thread (two wake-ups, core/wake.c).  The receiver's other
+ * threads' sleeps are counted: one per message before.
+ */
+#define WAKE_ROUNDS 40
+
+static void slow_sender(struct t_peer *p, void *arg)
+{
+	struct side s;
+	side_open(&s, false);
+	t_connect_pair(p, &s.r, s.mr, NULL);
+	for (int i = 0; i < WAKE_ROUNDS; i++) {
+		t_recv_u64(p, T_WAIT_MS); /* the receiver is about to sleep */
+		t_sleep_ms(3);
+		send_one(&s, (uint64_t)i, 0);
+		t_expect_wc(s.r.send_cq, NULL, (uint64_t)i, IBV_WC_SUCCESS, IBV_WC_SEND, "send");
+	}
+	t_barrier(p);
+	side_close(&s);
+}
+
+static void woken_receiver(struct t_peer *p, void *arg)
+{
+	struct side s;
+	side_open(&s, true);
+	t_connect_pair(p, &s.r, s.mr, NULL);
+	long before = t_other_threads_switches();
+	for (int i = 0; i < WAKE_ROUNDS; i++) {
+		REQUIRE(t_post_recv(s.r.qp, (uint64_t)i, s.buf, 64, s.mr->lkey) == 0,
+			"ibv_post_recv");
+		REQUIRE(ibv_req_notify_cq(s.r.recv_cq, 0) == 0, "ibv_req_notify_cq");
+		t_send_u64(p, 1);
+		struct ibv_cq *cq = NULL;
+		void *ctx = NULL;
+		REQUIRE(ibv_get_cq_event(s.r.channel, &cq, &ctx) == 0, "ibv_get_cq_event: %s",
+			strerror(errno));
+		ibv_ack_cq_events(cq, 1);
+		if (!t_expect_wc(s.r.recv_cq, NULL, (uint64_t)i, IBV_WC_SUCCESS, IBV_WC_RECV,
+				 "receive after its event"))
+			break;
+	}
+	long slept = t_other_threads_switches() - before;
+	t_note("the receiver's other threads slept %ld times in %d messages", slept, WAKE_ROUNDS);
+	CHECK(slept < WAKE_ROUNDS / 2, "the receiver's other threads slept %ld times in %d "
+	      "messages: its progress thread, not the sender, woke it", slept, WAKE_ROUNDS);
+	t_barrier(p);
+	side_close(&s);
+}
+
 static void storm_starter(struct t_peer *p, void *arg) { event_storm(p, true); }
 static void storm_responder(struct t_peer *p, void *arg) { event_storm(p, false); }
 
@@ -535,7 +630,12 @@ int main(int argc, char **argv)
 	t_pair("cq_armed_before_qp_created", sender, armed_before_qp_receiver, NULL);
 	t_case("error_completion_wakes_solicited_only", error_completion_event, NULL);
 	t_case("two_cqs_one_channel", two_cqs_one_channel, NULL);
+	t_case("cancelled_in_get_cq_event", cancel_in_get_cq_event, NULL);
 	t_pair("event_driven_pingpong_loses_no_wakeup", storm_starter, storm_responder, NULL);
 	t_pair_and_tcp("armed_behind_unpolled_completions_fires", held_sender, held_poller, NULL);
+	/* (over TCP the receiving process's progress thread reads the
+	 * stream: no peer fires its CQ) */
+	if (!getenv("URDMA_TRANSPORT") || strcmp(getenv("URDMA_TRANSPORT"), "tcp"))
+		t_pair("peer_wakes_the_sleeper_itself", slow_sender, woken_receiver, NULL);
 	return t_finish();
 }

@@ -146,6 +146,7 @@ static int shm_attach(struct urdma_qp *qp, int wait_ms)
 	if (ret)
 		goto err;
 	qp->dst.ring = (uint8_t *)h + sizeof(*h);
+	qp->dst.wake = urdma_wake_map(qp->peer, READ_ONCE(h->wake_va));
 	qp->dst.prod = qp->dst.done = 0; /* read on first use */
 	qp->peer_pause_ns = qp->peer_retry_ns = 0;
 	__atomic_store_n(&qp->dst.qp, h, __ATOMIC_RELEASE);
@@ -241,7 +242,8 @@ static void responder_error(struct urdma_qp *qp)
 	urdma_peer_wake(qp->peer);
 }
 
-/* The responder's owner fires its CQ from its progress thread. */
+/* The responder's owner fires its CQ: a thread of it that sleeps in
+ * ibv_get_cq_event, or its progress thread (core/wake.c). */
 static void responder_notify(struct urdma_qp *qp, bool solicited)
 {
 	if (qp->peer_xrcd) { /* the XRC SRQ's CQ */
@@ -253,7 +255,10 @@ static void responder_notify(struct urdma_qp *qp, bool solicited)
 	}
 	if (urdma_rq_notify_claim(&qp->dst.qp->notify, solicited)) {
 		atomic_store(&qp->dst.qp->notify_fired, 1);
-		urdma_peer_wake(qp->peer);
+		/* a thread of it asleep in ibv_get_cq_event fires it, or its
+		 * progress thread does */
+		if (!urdma_wake_owner(qp->dst.wake))
+			urdma_peer_wake(qp->peer);
 	}
 }
 
