@@ -124,8 +124,8 @@ static void release_retired(void)
 	}
 }
 
-/* Fire what peers marked for firing, in every QP (wake.c). */
-void urdma_progress_take_fired(void)
+/* fn on every QP of every context, under their locks. */
+static void each_qp(void (*fn)(struct urdma_qp *qp))
 {
 	struct urdma_context *uctx;
 	struct urdma_qp *qp;
@@ -134,10 +134,16 @@ void urdma_progress_take_fired(void)
 	list_for_each_entry(uctx, &ctxs, node) {
 		pthread_mutex_lock(&uctx->lock);
 		list_for_each_entry(qp, &uctx->qps, ctx_node)
-			urdma_qp_take_fired(qp);
+			fn(qp);
 		pthread_mutex_unlock(&uctx->lock);
 	}
 	pthread_mutex_unlock(&ctx_lock);
+}
+
+/* Fire what peers marked for firing, in every QP (wake.c). */
+void urdma_progress_take_fired(void)
+{
+	each_qp(urdma_qp_take_fired);
 }
 
 /* One pass over every QP; returns whether sends are still waiting. */
@@ -309,17 +315,7 @@ int urdma_qp_error_if_live(struct ibv_context *ctx, struct ibv_qp *ibqp,
  * as waking the progress thread can take milliseconds on a busy host. */
 void urdma_release_held(void)
 {
-	struct urdma_context *uctx;
-	struct urdma_qp *qp;
-
-	pthread_mutex_lock(&ctx_lock);
-	list_for_each_entry(uctx, &ctxs, node) {
-		pthread_mutex_lock(&uctx->lock);
-		list_for_each_entry(qp, &uctx->qps, ctx_node)
-			urdma_qp_release(qp);
-		pthread_mutex_unlock(&uctx->lock);
-	}
-	pthread_mutex_unlock(&ctx_lock);
+	each_qp(urdma_qp_release);
 }
 
 int urdma_progress_add_ctx(struct urdma_context *uctx)
