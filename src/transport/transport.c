@@ -399,7 +399,7 @@ static void self_pid_watch(void)
 	pthread_atfork(NULL, NULL, self_pid_forget);
 }
 
-static uint32_t my_pid(void)
+uint32_t urdma_self_pid(void)
 {
 	static pthread_once_t once = PTHREAD_ONCE_INIT;
 
@@ -448,7 +448,7 @@ int urdma_srq_claim(struct urdma_shm_srq *s, uint8_t *ring,
 			    memory_order_relaxed))
 			break;
 	}
-	urdma_rqe_at(ring, g, c)->srq_pid = my_pid();
+	urdma_rqe_at(ring, g, c)->srq_pid = urdma_self_pid();
 	*idx = c;
 	lim = atomic_load_explicit(&s->limit, memory_order_relaxed);
 	*wake = lim && p - (c + 1) < lim &&
@@ -556,7 +556,7 @@ int urdma_atomic_span(struct urdma_peer *peer, const struct urdma_shm_ctx *ctx,
 		    urdma_space_ptr(peer, lock_va, &avail) : NULL;
 	if (!w || avail < 8)
 		return -EFAULT;
-	me = (uint64_t)getpid();
+	me = urdma_self_pid();
 	if (!dlock_take(w, me))
 		return -ETIMEDOUT;
 	if (!far) {

@@ -195,6 +195,10 @@ static inline void urdma_rq_idle(struct urdma_shm_qp *t)
 	atomic_store_explicit(&t->busy, 0, memory_order_release);
 }
 
+/* Our pid, without getpid's system call per message (UD's ring lock,
+ * direct-MR atomics, SRQ claims); a fork's child looks again. */
+uint32_t urdma_self_pid(void);
+
 /* Resolve the local SGEs of a WR into spans; LOC_PROT_ERR on a bad one. */
 enum ibv_wc_status urdma_local_spans(struct urdma_qp *qp,
 				     struct urdma_swqe *wqe,

@@ -31,7 +31,7 @@
  * process holds it for UD_ENTER_NS. */
 static bool ud_enter(struct urdma_shm_qp *t)
 {
-	uint32_t me = (uint32_t)getpid();
+	uint32_t me = urdma_self_pid();
 	uint64_t deadline = 0;
 
 	for (int spins = 0;; spins++) {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # No system call per message on the shared-memory data path: Debian's
-# perftest ib_{send,write,read,atomic}_lat (-n 2000, both processes on this
-# host) with the client under `strace -f -c`.  A case fails when any system
+# perftest ib_{send,write,read,atomic}_lat and UD ib_send_lat (-n 2000,
+# both processes on this host) with the client under `strace -f -c`.  A case fails when any system
 # call was made N/4 times or more (set-up makes fewer than 100 of each).
 # Over TCP, a stream of small messages (ib_send_bw, ib_write_bw -s 8, -n
 # NSMALL) goes in few writes: the client's sendto, sendmsg, write and
@@ -43,6 +43,8 @@ for t in ib_send_lat ib_write_lat ib_read_lat ib_atomic_lat; do
     need_cmd "$t" perftest
     CASES+=("$t|$t -d ${COMPAT_DEVICE:-urdma0} -F -n $N")
 done
+# (a UD Send took getpid for the ring's lock: a system call each)
+CASES+=("ib_send_lat, UD|ib_send_lat -d ${COMPAT_DEVICE:-urdma0} -F -n $N -c UD")
 run_cases show_calls "${CASES[@]}"
 
 NSMALL=20000
