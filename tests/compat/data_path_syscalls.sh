@@ -6,10 +6,11 @@
 # call was made N/4 times or more (set-up makes fewer than 100 of each).
 # Over TCP, a stream of small messages (ib_send_bw, ib_write_bw -s 8, -n
 # NSMALL) goes in few writes: the client's sendto, sendmsg, write and
-# writev calls together fewer than NSMALL/2 (one a message before the
-# transport held small messages back: tx_hold; 0.05-0.07 a message now by
-# perf stat, 0.07-0.31 under strace, whose stop at each write slows the
-# sender enough for the 50 us timer to push more often).
+# writev calls together fewer than 3/4 NSMALL (one a message before the
+# transport held small messages back: tx_hold; 0.05-0.07 a message by
+# perf stat, more under strace, whose stop at each write slows the sender
+# enough for the 50 us timer to push more often: ib_write_bw 0.15-0.53 in
+# 9 runs on 2026-11-27, so the earlier limit of 1/2 failed make check).
 # And a 64 KiB ib_send_lat over TCP wakes the progress thread rarely.
 # Usage: data_path_syscalls.sh BUILD_DIR     (exit 0 pass, 1 fail, 77 skip)
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -49,7 +50,7 @@ run_cases show_calls "${CASES[@]}"
 
 NSMALL=20000
 few_sends() {
-    awk -v max=$((NSMALL / 2)) '
+    awk -v max=$((NSMALL * 3 / 4)) '
         /^-+ -+/ { table = 1; next }
         table && $1 ~ /^[0-9]+$/ && $2 ~ /^(sendto|sendmsg|write|writev)$/ { s += $1 }
         END { if (s >= max) printf "  %d writes for %d messages\n", s, '"$NSMALL"'
