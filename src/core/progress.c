@@ -315,7 +315,8 @@ int urdma_qp_error_if_live(struct ibv_context *ctx, struct ibv_qp *ibqp,
  * as waking the progress thread can take milliseconds on a busy host. */
 void urdma_release_held(void)
 {
-	each_qp(urdma_qp_release);
+	if (atomic_load_explicit(&urdma_held_qps, memory_order_relaxed))
+		each_qp(urdma_qp_release);
 }
 
 int urdma_progress_add_ctx(struct urdma_context *uctx)

@@ -780,6 +780,7 @@ int urdma_progress_add_ctx(struct urdma_context *uctx);
 int urdma_qp_error_if_live(struct ibv_context *ctx, struct ibv_qp *ibqp,
 			   uint32_t handle);
 void urdma_release_held(void);
+extern _Atomic int urdma_held_qps; /* qp.c */
 void urdma_progress_del_ctx(struct urdma_context *uctx);
 void urdma_progress_kick(void);
 /* Is this the progress thread? */
