@@ -11,7 +11,8 @@
 # perf stat, more under strace, whose stop at each write slows the sender
 # enough for the 50 us timer to push more often: ib_write_bw 0.15-0.53 in
 # 9 runs on 2026-11-27, so the earlier limit of 1/2 failed make check).
-# And a 64 KiB ib_send_lat over TCP wakes the progress thread rarely.
+# And a 64 KiB ib_send_lat over TCP wakes the progress thread rarely, nor
+# does ib_send_lat -e over shared memory (RC and UD).
 # Usage: data_path_syscalls.sh BUILD_DIR     (exit 0 pass, 1 fail, 77 skip)
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=common.sh
@@ -89,4 +90,12 @@ fi
 SRV_RUN="env URDMA_TRANSPORT=tcp $PIN_SRV $URDMA run"
 CLI_RUN="env URDMA_TRANSPORT=tcp $PIN_CLI $URDMA run strace -f -c -U calls,name --seccomp-bpf -e trace=epoll_wait,epoll_pwait,epoll_pwait2"
 run_cases show_calls "ib_send_lat over TCP, 64 KiB|ib_send_lat -d ${COMPAT_DEVICE:-urdma0} -F -s 65536 -n $N"
+# In events mode over shared memory the peer wakes the thread asleep in
+# ibv_get_cq_event itself, not our progress thread first (core/wake.c):
+# the client's epoll waits fewer than N/4 (about one a message before).
+SRV_RUN="$PIN_SRV $URDMA run"
+CLI_RUN="$PIN_CLI $URDMA run strace -f -c -U calls,name --seccomp-bpf -e trace=epoll_wait,epoll_pwait,epoll_pwait2"
+run_cases show_calls \
+    "ib_send_lat -e|ib_send_lat -d ${COMPAT_DEVICE:-urdma0} -F -n $N -e" \
+    "ib_send_lat -e, UD|ib_send_lat -d ${COMPAT_DEVICE:-urdma0} -F -n $N -e -c UD"
 finish

@@ -64,6 +64,7 @@ static int dest_attach(struct ud_dest *u, uint32_t qpn, int wait_ms)
 	u->d.ring = (uint8_t *)h + sizeof(*h);
 	u->d.prod = u->d.done = 0;
 	u->d.gen = READ_ONCE(h->gen);
+	u->d.wake = urdma_wake_map(p, READ_ONCE(h->wake_va));
 	u->d.qp = h;
 	u->state = DEST_LIVE;
 	return 0;
@@ -147,7 +148,10 @@ enum urdma_ud_res urdma_shm_ud_send(struct urdma_qp *qp,
 		res = urdma_ud_deliver(&u->d, u->peer, urdma_peer_shm(u->peer),
 				       &to, &tell, &why);
 		if (res == URDMA_UD_DONE) {
-			if (tell)
+			/* a fired CQ: a thread of the owner asleep in
+			 * ibv_get_cq_event fires it (core/wake.c) */
+			if (tell && !(tell == URDMA_UD_NOTIFY &&
+				      urdma_wake_owner(u->d.wake)))
 				urdma_peer_wake(u->peer);
 			return res;
 		}
