@@ -276,6 +276,14 @@ static void tx_send_write(struct tcp_conn *c, struct urdma_qp *qp,
 	c->tx_head.hlen = 0;
 }
 
+/* When the WRs of a dead stream fail: the QP's loss grace after it was
+ * found dead, which a NIC's retries would have taken; at once if it was
+ * found dead by a timeout, since that was the retry budget. */
+static uint64_t conn_dead_due(struct tcp_conn *c, struct urdma_qp *qp)
+{
+	return c->dead_ns + (c->timed_out ? 0 : urdma_qp_loss_grace_ns(qp));
+}
+
 /* Read or atomic.  Under tx_lock. */
 static enum urdma_tx tx_read_atomic(struct tcp_conn *c, struct urdma_qp *qp,
 				    struct urdma_swqe *w,
@@ -361,9 +369,7 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 		if (!c->dead_handled && unconfirmed)
 			return URDMA_TX_WAIT;
 		if (!c->dead_handled) {
-			uint64_t due = c->dead_ns +
-				       (c->timed_out ? 0 :
-						       urdma_qp_loss_grace_ns(qp));
+			uint64_t due = conn_dead_due(c, qp);
 
 			if (urdma_now_ns() < due) {
 				urdma_progress_by(due);
@@ -600,9 +606,7 @@ bool tcp_maintain(struct urdma_qp *qp)
 		 * a Send in flight per QP) must not fail a sender that is
 		 * about to finish, as it does not on a NIC. */
 		if (atomic_load(&c->dead) && !c->dead_handled) {
-			uint64_t due = c->dead_ns +
-				       (c->timed_out ? 0 :
-						       urdma_qp_loss_grace_ns(qp));
+			uint64_t due = conn_dead_due(c, qp);
 
 			if (urdma_now_ns() >= due) {
 				c->dead_handled = true;

@@ -829,8 +829,9 @@ int tx_rest_push(struct tcp_conn *c)
 	return r;
 }
 
-/* The same, taking tx_lock: a WR the stream took completes in error or
- * flushed (tcp_quiesce), or the QP goes (tcp_disconnect). */
+/* The cut message's unframed part is dropped (tx_rest_drop_job, taking
+ * tx_lock): a WR the stream took completes in error or flushed
+ * (tcp_quiesce), or the QP goes (tcp_disconnect). */
 void tx_rest_forget(struct tcp_conn *c)
 {
 	if (!atomic_load(&c->resting))
