@@ -270,13 +270,14 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 	return urdma_qp_create(ibpd->context, ibpd, init, NULL);
 }
 
-/* Count the QP in its CQs' polled_qps while its transport has tr->poll. */
 /* QPs whose transport holds messages back (tr->release): the process's
  * count, so that a call to the connection manager walks no QPs when none
  * has one (urdma_release_held: cmtime -c 2,000 over shm walked 2,000 QPs
  * with their locks at each of its 4,000 calls). */
 _Atomic int urdma_held_qps;
 
+/* Count the QP in its CQs' polled_qps while its transport has tr->poll,
+ * and in urdma_held_qps while it has tr->release. */
 static void qp_count_polled(struct urdma_qp *qp, int d)
 {
 	if (qp->tr && qp->tr->release)
