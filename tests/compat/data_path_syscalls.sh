@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: MIT
 # No system call per message on the shared-memory data path: Debian's
 # perftest ib_{send,write,read,atomic}_lat and UD ib_send_lat (-n 2000,
-# both processes on this host) with the client under `strace -f -c`.  A case fails when any system
-# call was made N/4 times or more (set-up makes fewer than 100 of each).
+# both processes on this host) with the client under `strace -f -c`.  A
+# case fails when any system call was made N/4 times or more (set-up
+# makes fewer than 100 of each).
 # Over TCP, a stream of small messages (ib_send_bw, ib_write_bw -s 8, -n
 # NSMALL) goes in few writes: the client's sendto, sendmsg, write and
 # writev calls together fewer than 3/4 NSMALL (one a message before the
