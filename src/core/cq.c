@@ -94,7 +94,7 @@ static uint32_t cq_ready_locked(struct urdma_cq *cq)
 	uint32_t n = cq->tail - cq->head;
 	struct urdma_qp *qp;
 
-	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
+	list_for_each_entry(qp, &cq->ring_qps, ring_node)
 		n += urdma_rq_ready(qp);
 	return n;
 }
@@ -103,13 +103,17 @@ static uint32_t cq_ready_locked(struct urdma_cq *cq)
  * their SRQs or its XRC SRQs?  Under cq->lock. */
 static bool cq_holds_locked(struct urdma_cq *cq)
 {
+	struct urdma_cq_srq *cs;
 	struct urdma_srq *srq;
 	struct urdma_qp *qp;
 
 	if (cq->head != cq->tail)
 		return true;
-	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
-		if (urdma_rq_any(qp) || (qp->srq && urdma_srq_pending(qp->srq)))
+	list_for_each_entry(qp, &cq->ring_qps, ring_node)
+		if (urdma_rq_any(qp))
+			return true;
+	list_for_each_entry(cs, &cq->srqs, node)
+		if (urdma_srq_pending(cs->srq))
 			return true;
 	list_for_each_entry(srq, &cq->xrc_srqs, cq_node)
 		if (urdma_srq_pending(srq))
@@ -282,6 +286,8 @@ struct urdma_cq *urdma_cq_new(struct ibv_context *context, int cqe,
 	pthread_cond_init(&cq->ibcq.cond, NULL);
 	list_init(&cq->send_qps);
 	list_init(&cq->recv_qps);
+	list_init(&cq->ring_qps);
+	list_init(&cq->srqs);
 	list_init(&cq->xrc_srqs);
 	cq->ibcq.context = context;
 	cq->ibcq.channel = channel;
@@ -589,15 +595,15 @@ static int cq_harvest(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 	struct urdma_qp *qp;
 	int n = 0;
 
-	list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
+	list_for_each_entry(qp, &cq->ring_qps, ring_node) {
 		n += urdma_qp_harvest(qp, wc + n, num - n);
 		if (n == num) {
-			struct list_head *next = qp->rcq_node.next;
+			struct list_head *next = qp->ring_node.next;
 
-			if (next == &cq->recv_qps)
+			if (next == &cq->ring_qps)
 				next = next->next;
-			if (next != cq->recv_qps.next)
-				list_rotate_to(&cq->recv_qps, next);
+			if (next != cq->ring_qps.next)
+				list_rotate_to(&cq->ring_qps, next);
 			break;
 		}
 	}
@@ -639,7 +645,7 @@ static int cq_take(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 	cq->recv_turn = false;
 	n = cq_take_ring(cq, first, wc, ts);
 	if (n == num) {
-		cq->recv_turn = !list_empty(&cq->recv_qps);
+		cq->recv_turn = !list_empty(&cq->ring_qps);
 		return n;
 	}
 	n += cq_harvest(cq, num - n, wc + n, ts ? ts + n : NULL);
@@ -649,27 +655,30 @@ static int cq_take(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 }
 
 /* Take what the SRQs of the CQ's receive QPs hold into their CQs: up to
- * CQ_SRQS of them a call, starting one QP further each call, so that every
+ * CQ_SRQS of them a call, the lists turned by one each call, so that every
  * SRQ of a CQ that more feed gets its turn.  Outside cq->lock:
  * urdma_srq_drain takes CQ locks inside its own. */
 #define CQ_SRQS 32
 
+/* Move the first entry of list h to its end. */
+static void turn_list(struct list_head *h)
+{
+	if (!list_empty(h)) {
+		struct list_head *first = h->next;
+
+		list_del(first);
+		list_add_tail(first, h);
+	}
+}
+
 static void cq_drain_srqs(struct urdma_cq *cq)
 {
 	struct urdma_srq *srqs[CQ_SRQS], *srq;
-	struct urdma_qp *qp;
-	int n = 0, k = 0, start;
+	struct urdma_cq_srq *cs;
+	int n = 0;
 
 	pthread_mutex_lock(&cq->lock);
-	k = atomic_load(&cq->srq_qps);
-	if (k <= 0) { /* the last one left meanwhile */
-		pthread_mutex_unlock(&cq->lock);
-		return;
-	}
-	/* (a division costs a fifth of an empty call: only when needed) */
-	start = k > 1 ? (int)(cq->srq_turn++ % (uint32_t)k) : 0;
-	/* XRC SRQs complete into their own CQ: up to half the batch, the
-	 * first one further each call. */
+	/* XRC SRQs complete into their own CQ: up to half the batch. */
 	list_for_each_entry(srq, &cq->xrc_srqs, cq_node) {
 		if (n == CQ_SRQS / 2)
 			break;
@@ -678,37 +687,19 @@ static void cq_drain_srqs(struct urdma_cq *cq)
 		atomic_fetch_add(&srq->drainers, 1);
 		srqs[n++] = srq;
 	}
-	if (!list_empty(&cq->xrc_srqs)) {
-		struct list_head *first = cq->xrc_srqs.next;
-
-		list_del(first);
-		list_add_tail(first, &cq->xrc_srqs);
+	turn_list(&cq->xrc_srqs);
+	list_for_each_entry(cs, &cq->srqs, node) {
+		if (n == CQ_SRQS)
+			break;
+		/* Nothing claimed: no lock of its to take (the common empty
+		 * poll of a spinning application). */
+		if (!urdma_srq_pending(cs->srq))
+			continue;
+		/* Counted under cq->lock: urdma_destroy_srq waits. */
+		atomic_fetch_add(&cs->srq->drainers, 1);
+		srqs[n++] = cs->srq;
 	}
-	for (int pass = 0; pass < 2 && n < CQ_SRQS; pass++) {
-		k = 0;
-		list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
-			int i;
-
-			if (!qp->srq)
-				continue;
-			/* pass 0: the QPs from start on; pass 1: the rest */
-			if ((k++ < start) != pass)
-				continue;
-			/* Nothing claimed: no lock of its to take (the common
-			 * empty poll of a spinning application). */
-			if (!urdma_srq_pending(qp->srq))
-				continue;
-			for (i = 0; i < n && srqs[i] != qp->srq; i++)
-				;
-			if (i < n)
-				continue;
-			/* Counted under cq->lock: urdma_destroy_srq waits. */
-			atomic_fetch_add(&qp->srq->drainers, 1);
-			srqs[n++] = qp->srq;
-			if (n == CQ_SRQS)
-				break;
-		}
-	}
+	turn_list(&cq->srqs);
 	pthread_mutex_unlock(&cq->lock);
 	for (int i = 0; i < n; i++) {
 		urdma_srq_drain(srqs[i]);

@@ -210,11 +210,18 @@ struct ibv_qp *urdma_qp_create(struct ibv_context *context,
 	qp->ibqp.send_cq = app_scq;
 	qp->ibqp.recv_cq = app_rcq;
 	qp->ibqp.srq = srq;
-	if (srq)
-		urdma_srq_attach(to_usrq(srq), qp);
+	qp->ibqp.qp_num = qpn;
+	if (srq) {
+		ret = urdma_srq_attach(to_usrq(srq), qp);
+		if (ret) {
+			urdma_host_qp_unpublish(qpn);
+			if (qp->qpn_tr)
+				qp->qpn_tr->qpn_release(qpn);
+			goto err_free_rq;
+		}
+	}
 	/* Unique in the process, unlike QPNs and addresses (core/cm_link.h). */
 	qp->ibqp.handle = atomic_fetch_add(&next_handle, 1);
-	qp->ibqp.qp_num = qpn;
 	qp->ibqp.state = IBV_QPS_RESET;
 	qp->ibqp.qp_type = type;
 	qp->attr.qp_state = IBV_QPS_RESET;
@@ -230,6 +237,9 @@ struct ibv_qp *urdma_qp_create(struct ibv_context *context,
 	pthread_mutex_unlock(&scq->lock);
 	pthread_mutex_lock(&rcq->lock);
 	list_add_tail(&qp->rcq_node, &rcq->recv_qps);
+	qp->ring_listed = rq && !qp->srq;
+	if (qp->ring_listed)
+		list_add_tail(&qp->ring_node, &rcq->ring_qps);
 	/* A CQ armed before this QP existed is armed for it too. */
 	atomic_store(&qp->shm->notify, rcq->armed);
 	pthread_mutex_unlock(&rcq->lock);
@@ -383,6 +393,8 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	pthread_mutex_unlock(&scq->lock);
 	pthread_mutex_lock(&rcq->lock);
 	list_del(&qp->rcq_node);
+	if (qp->ring_listed)
+		list_del(&qp->ring_node);
 	pthread_mutex_unlock(&rcq->lock);
 	cq_forget_qp(scq, qp);
 	if (rcq != scq)

@@ -233,6 +233,7 @@ int urdma_destroy_srq(struct ibv_srq *ibsrq)
 	quarantine = srq->xrcd || atomic_load(&srq->shm->claim) != srq->poll;
 	urdma_arena_free(srq->shm, srq->shm_size, quarantine);
 	urdma_free(srq->rq_wr);
+	urdma_free(srq->htab);
 	pthread_mutex_destroy(&srq->lock);
 	urdma_free(srq);
 	return 0;
@@ -312,11 +313,71 @@ static void srq_repost(struct urdma_srq *srq, uint32_t idx)
 	atomic_store_explicit(&srq->shm->prod, srq->prod, memory_order_release);
 }
 
+static uint32_t qpn_bucket(uint32_t qpn, uint32_t hsize)
+{
+	return (qpn * 2654435761u) >> 8 & (hsize - 1);
+}
+
+/* Count qp in the SRQ's table: ENOMEM if there is none and none could be
+ * made (a table that could not grow stays, its chains longer).  Under
+ * srq->lock. */
+static int srq_hash_add(struct urdma_srq *srq, struct urdma_qp *qp)
+{
+	if (srq->nqps + 1 > 2 * srq->hsize) {
+		uint32_t size = srq->hsize ? 2 * srq->hsize : 16;
+		struct urdma_qp **t = urdma_zalloc_array(size, sizeof(*t));
+
+		if (t) {
+			for (uint32_t i = 0; i < srq->hsize; i++) {
+				struct urdma_qp *q = srq->htab[i], *next;
+
+				for (; q; q = next) {
+					uint32_t b = qpn_bucket(q->ibqp.qp_num,
+								size);
+
+					next = q->srq_hnext;
+					q->srq_hnext = t[b];
+					t[b] = q;
+				}
+			}
+			urdma_free(srq->htab);
+			srq->htab = t;
+			srq->hsize = size;
+		} else if (!srq->hsize) {
+			return ENOMEM;
+		}
+	}
+	uint32_t b = qpn_bucket(qp->ibqp.qp_num, srq->hsize);
+
+	qp->srq_hnext = srq->htab[b];
+	srq->htab[b] = qp;
+	srq->nqps++;
+	return 0;
+}
+
+/* Under srq->lock. */
+static void srq_hash_del(struct urdma_srq *srq, struct urdma_qp *qp)
+{
+	struct urdma_qp **p =
+		&srq->htab[qpn_bucket(qp->ibqp.qp_num, srq->hsize)];
+
+	for (; *p; p = &(*p)->srq_hnext)
+		if (*p == qp) {
+			*p = qp->srq_hnext;
+			srq->nqps--;
+			return;
+		}
+}
+
+/* The SRQ's QP numbered qpn (as an entry names it), or NULL.  Under
+ * srq->lock. */
 static struct urdma_qp *srq_qp(struct urdma_srq *srq, uint32_t qpn)
 {
 	struct urdma_qp *qp;
 
-	list_for_each_entry(qp, &srq->qps, srq_node)
+	if (!srq->hsize)
+		return NULL;
+	for (qp = srq->htab[qpn_bucket(qpn, srq->hsize)]; qp; qp = qp->srq_hnext)
 		if (qp->ibqp.qp_num == qpn)
 			return qp;
 	return NULL;
@@ -486,17 +547,70 @@ void urdma_srq_maintain(struct urdma_srq *srq)
 		srq_event(srq, IBV_EVENT_SRQ_LIMIT_REACHED);
 }
 
-/* qp, being created, receives from srq. */
-void urdma_srq_attach(struct urdma_srq *srq, struct urdma_qp *qp)
+/* srq's entry in cq->srqs, or NULL.  Under cq->lock. */
+static struct urdma_cq_srq *cq_srq_find(struct urdma_cq *cq,
+					struct urdma_srq *srq)
 {
+	struct urdma_cq_srq *cs;
+
+	list_for_each_entry(cs, &cq->srqs, node)
+		if (cs->srq == srq)
+			return cs;
+	return NULL;
+}
+
+/* One QP of cq's less receives from srq. */
+static void cq_srq_put(struct urdma_cq *cq, struct urdma_srq *srq)
+{
+	struct urdma_cq_srq *cs;
+
+	pthread_mutex_lock(&cq->lock);
+	cs = cq_srq_find(cq, srq);
+	if (cs && !--cs->nqps)
+		list_del(&cs->node);
+	else
+		cs = NULL;
+	pthread_mutex_unlock(&cq->lock);
+	urdma_free(cs);
+}
+
+/* qp, being created, receives from srq: 0, or ENOMEM.  (Its number is
+ * known; the QP is not yet in any list.) */
+int urdma_srq_attach(struct urdma_srq *srq, struct urdma_qp *qp)
+{
+	struct urdma_cq *rcq = qp->rcq;
+	struct urdma_cq_srq *cs, *fresh = urdma_zalloc(sizeof(*fresh));
+	int ret;
+
+	pthread_mutex_lock(&rcq->lock);
+	cs = cq_srq_find(rcq, srq);
+	if (!cs && fresh) {
+		cs = fresh;
+		fresh = NULL;
+		cs->srq = srq;
+		list_add_tail(&cs->node, &rcq->srqs);
+	}
+	if (cs)
+		cs->nqps++;
+	pthread_mutex_unlock(&rcq->lock);
+	urdma_free(fresh);
+	if (!cs)
+		return ENOMEM;
+	pthread_mutex_lock(&srq->lock);
+	ret = srq_hash_add(srq, qp);
+	if (!ret)
+		list_add_tail(&qp->srq_node, &srq->qps);
+	pthread_mutex_unlock(&srq->lock);
+	if (ret) {
+		cq_srq_put(rcq, srq);
+		return ret;
+	}
 	qp->srq = srq;
 	qp->shm->srq_va = srq->va;
 	qp->shm->srq_bytes = srq->shm_size;
 	qp->shm->srqn = srq->srqn;
-	pthread_mutex_lock(&srq->lock);
-	list_add_tail(&qp->srq_node, &srq->qps);
-	pthread_mutex_unlock(&srq->lock);
-	atomic_fetch_add(&qp->rcq->srq_qps, 1);
+	atomic_fetch_add(&rcq->srq_qps, 1);
+	return 0;
 }
 
 /* qp, being destroyed, no longer does.  An entry published for it after
@@ -509,13 +623,15 @@ void urdma_srq_detach(struct urdma_qp *qp)
 	if (!srq)
 		return;
 	/* Under the CQ's lock, where cq_drain_srqs counts itself in the
-	 * SRQ's drainers: one that saw qp->srq has, before we go on. */
+	 * SRQ's drainers: one that saw it in cq->srqs has, before we go on. */
 	pthread_mutex_lock(&rcq->lock);
 	qp->srq = NULL;
 	pthread_mutex_unlock(&rcq->lock);
+	cq_srq_put(rcq, srq);
 	atomic_fetch_sub(&rcq->srq_qps, 1);
 	pthread_mutex_lock(&srq->lock);
 	list_del(&qp->srq_node);
+	srq_hash_del(srq, qp);
 	pthread_mutex_unlock(&srq->lock);
 }
 

@@ -162,6 +162,11 @@ struct urdma_cq {
 	uint32_t head, tail;
 	struct list_head node; /* in context.cqs */
 	struct list_head send_qps, recv_qps;
+	/* Of recv_qps, those with a receive ring of their own (not on an
+	 * SRQ): what a poll harvests (qp->ring_node).  And the SRQs the
+	 * others receive from, each once (struct urdma_cq_srq).  A poll
+	 * walks neither the QPs on an SRQ nor an SRQ once per QP. */
+	struct list_head ring_qps, srqs;
 	int armed; /* URDMA_NOTIFY_* */
 	_Atomic int sq_pending; /* a send QP has WRs waiting to be retried */
 	_Atomic int polled_qps; /* QPs whose transport receives in poll_cq */
@@ -172,7 +177,6 @@ struct urdma_cq {
 	uint32_t mod_count;
 	uint64_t mod_period_ns;
 	_Atomic uint64_t mod_due;
-	uint32_t srq_turn;	/* where cq_drain_srqs starts, under lock */
 	bool recv_turn;		/* cq_take harvests first, under lock */
 	struct list_head xrc_srqs; /* XRC SRQs completing here, under lock */
 	struct urdma_channel *chan;
@@ -187,6 +191,14 @@ struct urdma_cq {
 	pthread_mutex_t ex_lock;
 	struct ibv_wc cur;
 	uint64_t cur_ts; /* CLOCK_MONOTONIC ns, the device's clock */
+};
+
+/* An SRQ that receive QPs of a CQ use: how many (in cq->srqs, under the
+ * CQ's lock). */
+struct urdma_cq_srq {
+	struct list_head node;
+	struct urdma_srq *srq;
+	uint32_t nqps;
 };
 
 /* A send WR copied at post time. */
@@ -292,6 +304,10 @@ struct urdma_srq {
 	struct list_head ctx_node; /* in context.srqs */
 	pthread_mutex_t lock;	   /* posting, taking, qps */
 	struct list_head qps;	   /* QPs on it (qp->srq_node) */
+	/* The same by number, for each completion taken (srq.c): chains
+	 * through qp->srq_hnext, hsize buckets (a power of two, 0: none). */
+	struct urdma_qp **htab;
+	uint32_t hsize, nqps;
 	struct urdma_shm_srq *shm;
 	size_t shm_size;
 	uint64_t va; /* of shm in the identity memfd */
@@ -338,6 +354,7 @@ struct urdma_qp {
 	struct urdma_wr_batch *wrb; /* the wr_ calls' WRs (qp_ex.c), or NULL */
 	struct urdma_srq *srq;	    /* receives from it (srq.c), or NULL */
 	struct list_head srq_node;
+	struct urdma_qp *srq_hnext;
 	_Atomic bool last_wqe_due; /* in ERR: LAST_WQE_REACHED to report */
 	struct urdma_context *uctx;
 	/* What the engine uses: the public ones, or for those an XRC QP
@@ -357,6 +374,8 @@ struct urdma_qp {
 	uint64_t peer_xrcd;
 	struct urdma_xsrq_ref xsrq;
 	struct list_head ctx_node, scq_node, rcq_node;
+	struct list_head ring_node; /* in rcq->ring_qps, if ring_listed */
+	bool ring_listed;
 	struct ibv_qp_attr attr; /* as last set */
 	struct ibv_qp_cap cap;
 	bool sq_sig_all;
@@ -717,7 +736,7 @@ int urdma_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
 void urdma_srq_drain(struct urdma_srq *srq);
 bool urdma_srq_pending(const struct urdma_srq *srq);
 void urdma_srq_maintain(struct urdma_srq *srq);
-void urdma_srq_attach(struct urdma_srq *srq, struct urdma_qp *qp);
+int urdma_srq_attach(struct urdma_srq *srq, struct urdma_qp *qp);
 void urdma_srq_detach(struct urdma_qp *qp);
 void urdma_srq_last_wqe(struct urdma_qp *qp);
 bool urdma_rq_quiesce(struct urdma_qp *qp, uint64_t wait_ns);
