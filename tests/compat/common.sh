@@ -5,6 +5,7 @@
 #   compat_init BUILD_DIR   set BUILD, URDMA, WORK (temp dir), install traps
 #   need_cmd CMD PACKAGE    make sure CMD exists (apt-get install as root,
 #                           otherwise exit 77 naming the package)
+#   need_header CC HEADER PACKAGE   the same for a header CC must find
 #   run_check NAME TIMEOUT CMD...      run one command, record PASS/FAIL
 #   run_pair NAME TIMEOUT PORT "SERVER CMD" "CLIENT CMD"
 #                           server + client on loopback (the server's port is
@@ -75,17 +76,36 @@ compat_init() {
 need_cmd() {
     local cmd=$1 pkg=$2
     command -v "$cmd" >/dev/null 2>&1 && return 0
+    need_pkg "$pkg" "'$cmd'" "command -v $cmd"
+}
+
+# need_header CC HEADER PACKAGE: make sure CC finds <HEADER>.  (Debian's
+# openmpi-bin brings mpicc without mpi.h, which libopenmpi-dev has.)
+need_header() {
+    local cc=$1 hdr=$2 pkg=$3
+    has_header "$cc" "$hdr" && return 0
+    need_pkg "$pkg" "<$hdr>" "has_header $cc $hdr"
+}
+
+has_header() {
+    printf '#include <%s>\n' "$2" | "$1" -E -x c - >/dev/null 2>&1
+}
+
+# need_pkg PACKAGE WHAT CHECK: install PACKAGE (root), then CHECK must
+# pass; else skip (exit 77), saying WHAT is missing.
+need_pkg() {
+    local pkg=$1 what=$2 check=$3
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        log "installing package $pkg (for $cmd)"
+        log "installing package $pkg (for $what)"
         DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y "$pkg" >"$WORK/apt.log" 2>&1 ||
             { DEBIAN_FRONTEND=noninteractive timeout 300 apt-get update >>"$WORK/apt.log" 2>&1 &&
               DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y "$pkg" >>"$WORK/apt.log" 2>&1; }
-        command -v "$cmd" >/dev/null 2>&1 && return 0
+        $check >/dev/null 2>&1 && return 0
         tail -n 5 "$WORK/apt.log"
-        log "SKIP: '$cmd' is missing and installing package '$pkg' failed"
+        log "SKIP: $what is missing and installing package '$pkg' failed"
         exit 77
     fi
-    log "SKIP: '$cmd' not found; install the Debian package '$pkg' (apt-get install -y $pkg) as root"
+    log "SKIP: $what not found; install the Debian package '$pkg' (apt-get install -y $pkg) as root"
     exit 77
 }
 

@@ -17,6 +17,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 compat_init "${1:-}"
 need_cmd mpirun openmpi-bin
 need_cmd mpicc libopenmpi-dev
+need_header mpicc mpi.h libopenmpi-dev
 
 T=${COMPAT_MPI_TIMEOUT:-60}     # per job, seconds
 mpi_build || exit 1

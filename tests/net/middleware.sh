@@ -20,6 +20,7 @@ compat_init "${1:-}"
 need_cmd ucx_perftest ucx-utils
 need_cmd mpirun openmpi-bin
 need_cmd mpicc libopenmpi-dev
+need_header mpicc mpi.h libopenmpi-dev
 netns_setup_or_skip
 net_hosts || exit 1
 PAIR_NETNS=$SRV_NS
