@@ -94,6 +94,8 @@ static uint32_t cq_ready_locked(struct urdma_cq *cq)
 	uint32_t n = cq->tail - cq->head;
 	struct urdma_qp *qp;
 
+	if (cq->bell)
+		return n + urdma_bell_ready(cq);
 	list_for_each_entry(qp, &cq->ring_qps, ring_node)
 		n += urdma_rq_ready(qp);
 	return n;
@@ -109,9 +111,14 @@ static bool cq_holds_locked(struct urdma_cq *cq)
 
 	if (cq->head != cq->tail)
 		return true;
-	list_for_each_entry(qp, &cq->ring_qps, ring_node)
-		if (urdma_rq_any(qp))
+	if (cq->bell) {
+		if (urdma_bell_holds(cq))
 			return true;
+	} else {
+		list_for_each_entry(qp, &cq->ring_qps, ring_node)
+			if (urdma_rq_any(qp))
+				return true;
+	}
 	list_for_each_entry(cs, &cq->srqs, node)
 		if (urdma_srq_pending(cs->srq))
 			return true;
@@ -288,6 +295,7 @@ struct urdma_cq *urdma_cq_new(struct ibv_context *context, int cqe,
 	list_init(&cq->recv_qps);
 	list_init(&cq->ring_qps);
 	list_init(&cq->srqs);
+	list_init(&cq->carry);
 	list_init(&cq->xrc_srqs);
 	cq->ibcq.context = context;
 	cq->ibcq.channel = channel;
@@ -401,6 +409,7 @@ int urdma_destroy_cq(struct ibv_cq *ibcq)
 		__atomic_sub_fetch(&ch->ch.refcnt, 1, __ATOMIC_ACQ_REL);
 	}
 	urdma_free(cq->ring);
+	urdma_bell_free(cq);
 	pthread_mutex_destroy(&cq->lock);
 	pthread_mutex_destroy(&cq->ex_lock);
 	urdma_free(cq);
@@ -595,18 +604,21 @@ static int cq_harvest(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 	struct urdma_qp *qp;
 	int n = 0;
 
-	list_for_each_entry(qp, &cq->ring_qps, ring_node) {
-		n += urdma_qp_harvest(qp, wc + n, num - n);
-		if (n == num) {
-			struct list_head *next = qp->ring_node.next;
+	if (cq->bell)
+		n = urdma_bell_harvest(cq, num, wc);
+	else
+		list_for_each_entry(qp, &cq->ring_qps, ring_node) {
+			n += urdma_qp_harvest(qp, wc + n, num - n);
+			if (n == num) {
+				struct list_head *next = qp->ring_node.next;
 
-			if (next == &cq->ring_qps)
-				next = next->next;
-			if (next != cq->ring_qps.next)
-				list_rotate_to(&cq->ring_qps, next);
-			break;
+				if (next == &cq->ring_qps)
+					next = next->next;
+				if (next != cq->ring_qps.next)
+					list_rotate_to(&cq->ring_qps, next);
+				break;
+			}
 		}
-	}
 	if (ts && n) {
 		uint64_t now = urdma_now_ns();
 

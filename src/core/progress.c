@@ -170,8 +170,10 @@ static bool maintain_all(bool check_mrs)
 		}
 		list_for_each_entry(srq, &uctx->srqs, ctx_node)
 			urdma_srq_maintain(srq);
-		list_for_each_entry(cq, &uctx->cqs, node)
+		list_for_each_entry(cq, &uctx->cqs, node) {
 			urdma_cq_moderation_due(cq, now);
+			urdma_bell_tick(cq, now);
+		}
 		pthread_mutex_unlock(&uctx->lock);
 		if (check_mrs)
 			urdma_mrs_check(uctx);

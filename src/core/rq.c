@@ -159,6 +159,10 @@ uint32_t urdma_rq_flush(struct urdma_qp *qp)
 	}
 	n = prod - qp->rq_flush_from;
 	pthread_mutex_unlock(&qp->rq_lock);
+	/* Flushes no deliverer rings for, and completions one published in
+	 * error without a ring (a receive it could not use, UC and UD). */
+	if (prod != __atomic_load_n(&qp->rq_poll, __ATOMIC_ACQUIRE))
+		urdma_qp_bell_own(qp);
 	return n;
 }
 

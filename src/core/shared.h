@@ -42,7 +42,7 @@
 #include <stdint.h>
 
 #define URDMA_SHM_MAGIC 0x75726d61u /* "urma" */
-#define URDMA_SHM_VERSION 13u
+#define URDMA_SHM_VERSION 14u
 #define URDMA_CACHELINE 64
 
 /* MR table: key = (index << URDMA_MR_TAG_BITS) | random tag.  The index
@@ -223,6 +223,11 @@ struct urdma_shm_qp {
 	/* The owner context's wake block (struct urdma_shm_wake), in the
 	 * same identity memfd; 0: none. */
 	uint64_t wake_va;
+	/* Its receive CQ's bell (struct urdma_shm_bell) and this QP's slot
+	 * in it, once the CQ has one: a deliverer rings the slot after each
+	 * receive it completes.  0: none (the CQ looks at every QP). */
+	_Atomic uint64_t bell_va;
+	uint32_t bell_slot;
 	/* Written by deliverers. */
 	alignas(URDMA_CACHELINE) _Atomic uint32_t error_req; /* please enter ERR */
 	_Atomic uint32_t rnr_waiter; /* wake the peer on the next post_recv */
@@ -239,6 +244,26 @@ struct urdma_shm_qp {
 	alignas(URDMA_CACHELINE) uint8_t rq[];
 };
 static_assert(sizeof(struct urdma_shm_qp) == 5 * URDMA_CACHELINE, "qp header");
+
+/*
+ * A receive CQ's bell, once URDMA_BELL_MIN QPs with receive rings of
+ * their own complete into it: a poll then does not look at each of them.
+ * A deliverer that completed a receive of a QP rings the QP's slot (bell_va
+ * and bell_slot of its block): bit slot % 64 of bits[slot / 64], then bit
+ * (slot / 64) % 64 of summary[slot / 4096], each only if clear; the owner
+ * follows the summary words to the bits words and harvests those QPs, and
+ * clears a bit when its QP has been idle a while (core/bell.c).  Peers
+ * write it: a bit rung for nothing costs a harvest.  Pages never reused
+ * while the process lives (a peer may ring after the CQ is gone).
+ */
+#define URDMA_BELL_MAGIC 0x7562656cu /* "ubel" */
+#define URDMA_BELL_SLOTS 65536u
+struct urdma_shm_bell {
+	uint32_t magic; /* written by the owner only */
+	uint32_t version;
+	alignas(URDMA_CACHELINE) _Atomic uint64_t summary[URDMA_BELL_SLOTS / 4096];
+	alignas(URDMA_CACHELINE) _Atomic uint64_t bits[URDMA_BELL_SLOTS / 64];
+};
 
 /*
  * A context's wake block: a thread of the owner asleep in

@@ -433,7 +433,8 @@ static void srq_take_xrc(struct urdma_srq *srq, struct urdma_shm_rqe *e,
 
 /* Has a deliverer claimed a receive not yet taken (urdma_srq_drain has
  * something to do)?  No lock: poll only grows, so a stale value can only
- * say yes.  The caller keeps srq alive (cq->lock, with its QP listed). */
+ * say yes.  The caller keeps srq alive (cq->lock, with its cq->srqs entry,
+ * or its drainers count). */
 bool urdma_srq_pending(const struct urdma_srq *srq)
 {
 	return atomic_load_explicit(&srq->shm->claim, memory_order_acquire) !=

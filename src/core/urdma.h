@@ -167,6 +167,22 @@ struct urdma_cq {
 	 * others receive from, each once (struct urdma_cq_srq).  A poll
 	 * walks neither the QPs on an SRQ nor an SRQ once per QP. */
 	struct list_head ring_qps, srqs;
+	/* The bell (core/bell.c): from URDMA_BELL_MIN ring QPs on, a poll
+	 * harvests only the QPs whose slots deliverers rang, and those in
+	 * carry (without a slot).  Under lock, but for bell_pub, bell_sweep
+	 * and bell_swept_ns (the progress thread's). */
+	struct urdma_shm_bell *bell; /* NULL: off, ring_qps is walked */
+	_Atomic(struct urdma_shm_bell *) bell_pub; /* for our own ringers */
+	uint64_t bell_va;
+	_Atomic bool bell_sweep;   /* every ring QP into carry at the next look */
+	uint64_t bell_swept_ns;    /* when the progress thread last asked */
+	uint32_t nring;		   /* in ring_qps */
+	struct urdma_qp **slot_qp; /* by slot: slot_cap, slot_next used */
+	uint32_t bell_turn;	   /* the slot a harvest starts at */
+	uint32_t bell_quiet;	   /* polls in a row that found nothing */
+	bool carry_first;	   /* carry before the scan, this poll */
+	uint32_t *slot_free, nfree, slot_cap, slot_next;
+	struct list_head carry;	   /* qp->carry_node */
 	int armed; /* URDMA_NOTIFY_* */
 	_Atomic int sq_pending; /* a send QP has WRs waiting to be retried */
 	_Atomic int polled_qps; /* QPs whose transport receives in poll_cq */
@@ -268,6 +284,12 @@ struct urdma_shm_dest {
 	uint32_t gen;	     /* the block's, when found */
 	uint32_t epoch;	     /* its rq_epoch when prod was read */
 	struct urdma_shm_wake *wake; /* its owner's wake block, or NULL */
+	struct urdma_shm_bell *bell; /* its CQ's bell, as of bell_va */
+	uint64_t bell_va;
+	/* Our own QP (UDP's own_dest): its CQ's bell_pub and its slot, not
+	 * what its block says. */
+	_Atomic(struct urdma_shm_bell *) *own_bell;
+	uint32_t own_slot;
 };
 
 /* What the owner posted in a receive slot: the shared ring has the SGEs
@@ -376,6 +398,10 @@ struct urdma_qp {
 	struct list_head ctx_node, scq_node, rcq_node;
 	struct list_head ring_node; /* in rcq->ring_qps, if ring_listed */
 	bool ring_listed;
+	bool carried;		     /* in rcq->carry (carry_node) */
+	struct list_head carry_node;
+	uint32_t bell_slot;	     /* in rcq's bell; URDMA_BELL_NONE: none */
+	uint32_t bell_idle;	     /* looks that found it empty (bell.c) */
 	struct ibv_qp_attr attr; /* as last set */
 	struct ibv_qp_cap cap;
 	bool sq_sig_all;
@@ -654,6 +680,27 @@ void urdma_cq_push_as(struct urdma_cq *cq, const struct ibv_wc *wc,
 void urdma_cq_notify(struct urdma_cq *cq);
 int urdma_modify_cq(struct ibv_cq *cq, struct ibv_modify_cq_attr *attr);
 void urdma_cq_moderation_due(struct urdma_cq *cq, uint64_t now);
+
+/* The receive CQ's bell (bell.c; struct urdma_shm_bell).  The owner's
+ * side, under cq->lock, once cq->bell is on: a ring QP joins or leaves
+ * the CQ (the bell goes on at URDMA_BELL_MIN of them); the poll's harvest
+ * of the QPs rung or carried, whether one holds a completion, how many
+ * they hold; the CQ ends.  tick: the progress thread asks for a sweep now
+ * and then (a ring a peer lost).  own: a receive of qp completed in this
+ * process (TCP, a flush).  ring_dest: a deliverer completed a receive of
+ * d's QP, after a fence (urdma_rq_notify_claim's): true if it set a bit,
+ * and then it claims notify again if it did not fire (bell.c). */
+#define URDMA_BELL_MIN 16u
+#define URDMA_BELL_NONE UINT32_MAX
+void urdma_bell_add(struct urdma_cq *cq, struct urdma_qp *qp);
+void urdma_bell_del(struct urdma_cq *cq, struct urdma_qp *qp);
+int urdma_bell_harvest(struct urdma_cq *cq, int num, struct ibv_wc *wc);
+bool urdma_bell_holds(struct urdma_cq *cq);
+uint32_t urdma_bell_ready(struct urdma_cq *cq);
+void urdma_bell_free(struct urdma_cq *cq);
+void urdma_bell_tick(struct urdma_cq *cq, uint64_t now);
+void urdma_qp_bell_own(struct urdma_qp *qp);
+bool urdma_bell_ring_dest(struct urdma_shm_dest *d, struct urdma_peer *p);
 
 /* qp.c */
 int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask);

@@ -11,21 +11,28 @@
  *            checked (QP, wr_id, length, data);
  *   through  post a Send on one pair, poll until it is there (ns), 1
  *            pair and N.
- * and fails if a poll with N pairs costs more than CQS_RATIO (16) times
+ * and fails if a poll with N pairs costs more than CQS_RATIO (32) times
  * one with 1, or if a message is lost, doubled or wrong.  The ratio is of
- * two figures of the same run (the lower of 5 rounds each).  With an SRQ,
- * 4,096 pairs made an empty poll 7,500 times dearer and a message 950
- * times, when the poll walked every QP and the SRQ's taker searched its
- * QPs' list for each completion; now about 1 and 3-5 (the rest is the
- * cache: every message touches QPs not touched since the last round).
+ * two figures of the same run (the lower of 5 rounds each).  4,096 pairs,
+ * before and after the CQ kept its SRQs apart and got its bell:
+ *   SRQ        empty poll 7,500 times dearer -> 1; a message 950 -> 3-4
+ *   own rings  empty poll 4,900 -> 1; a message 480 -> 9-10
+ * (A message's cost left is the cache, and with rings of their own the
+ * QPs that received lately, which the bell keeps looking at: core/bell.c.)
  *
- *   cq_scale N ring|srq
+ *   cq_scale N ring|srq [EVENTS]
+ * EVENTS: then that many Sends, one at a time, to a receiver thread that
+ * takes each as rdma_get_recv_comp does (poll, arm, poll, sleep in
+ * ibv_get_cq_event); each must wake it within 5 s.
  * Prints one "cq_scale: ..." line; exits 0 when every check held.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <infiniband/verbs.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +82,7 @@ static void to_rts(struct ibv_qp *q, uint32_t dqpn)
 	at.min_rnr_timer = 1;
 	at.ah_attr.is_global = 1;
 	at.ah_attr.grh.dgid = gid;
+	at.ah_attr.grh.sgid_index = 1; /* (0 is link-local: not over TCP) */
 	at.ah_attr.grh.hop_limit = 1;
 	at.ah_attr.port_num = 1;
 	if (ibv_modify_qp(q, &at, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
@@ -243,26 +251,98 @@ static double through_ns(void)
 	return best;
 }
 
+/* ---- events: a receiver asleep on its channel, as the urdma API is ---- */
+
+static struct ibv_comp_channel *chan;
+static _Atomic int got; /* messages the receiver took */
+
+/* Take one completion from rcq as rdma_get_recv_comp does: poll, arm,
+ * poll, then sleep in ibv_get_cq_event. */
+static void *receiver(void *arg)
+{
+	int m = *(int *)arg;
+	uint8_t *seen = calloc((size_t)npairs, 1);
+	struct ibv_wc wc;
+
+	if (!seen)
+		DIE("out of memory");
+	for (int k = 0; k < m; k++) {
+		struct ibv_cq *cq;
+		void *ctx;
+		int r;
+
+		while (!(r = ibv_poll_cq(rcq, 1, &wc))) {
+			/* A pause of 0 to a few us: the arm falls at every
+			 * point of the sender's delivery in turn (a lost
+			 * wake-up hides in a window of some ns). */
+			for (volatile int j = (k * 37) % 1500; j > 0; j--)
+				;
+			if (ibv_req_notify_cq(rcq, 0))
+				DIE("ibv_req_notify_cq failed");
+			if ((r = ibv_poll_cq(rcq, 1, &wc)))
+				break;
+			if (ibv_get_cq_event(chan, &cq, &ctx))
+				DIE("ibv_get_cq_event failed");
+			ibv_ack_cq_events(cq, 1);
+		}
+		if (r < 0 || wc.status != IBV_WC_SUCCESS)
+			DIE("receive %d failed", k);
+		seen[pair_of(wc.qp_num)] = 0;
+		check_recv(&wc, seen);
+		atomic_store(&got, k + 1);
+	}
+	free(seen);
+	return NULL;
+}
+
+/* m Sends over pairs spread across all, each waited for (5 s): a
+ * receiver that sleeps on a completion already there is a lost wake-up. */
+static void events_run(int m)
+{
+	pthread_t t;
+	struct ibv_wc wc;
+
+	if (pthread_create(&t, NULL, receiver, &m))
+		DIE("pthread_create failed");
+	for (int k = 0; k < m; k++) {
+		int i = (int)(((uint64_t)k * 7919) % (uint64_t)npairs);
+		double until;
+
+		post_send(i);
+		take(pcq, &wc);
+		until = now_ns() + 5e9;
+		while (atomic_load(&got) <= k) {
+			if (now_ns() > until)
+				DIE("message %d (pair %d): the receiver asleep on "
+				    "its channel was not woken in 5 s", k, i);
+			sched_yield();
+		}
+	}
+	pthread_join(t, NULL);
+}
+
 int main(int argc, char **argv)
 {
 	const char *ratio_env = getenv("CQS_RATIO");
-	double limit = ratio_env ? atof(ratio_env) : 16;
+	double limit = ratio_env ? atof(ratio_env) : 32;
 	struct ibv_device **list;
 	double e1, t1, en, tn;
 	struct ibv_wc wc;
 	uint8_t *seen;
 	int n;
 
-	if (argc != 3 || (n = atoi(argv[1])) < 2 ||
-	    (strcmp(argv[2], "ring") && strcmp(argv[2], "srq")))
-		DIE("usage: cq_scale N ring|srq");
+	if (argc < 3 || argc > 4 || (n = atoi(argv[1])) < 2 ||
+	    (strcmp(argv[2], "ring") && strcmp(argv[2], "srq")) ||
+	    (argc == 4 && atoi(argv[3]) < 1))
+		DIE("usage: cq_scale N ring|srq [EVENTS]");
 	list = ibv_get_device_list(NULL);
 	if (!list || !list[0] || !(ctx = ibv_open_device(list[0])))
 		DIE("no device");
 	pd = ibv_alloc_pd(ctx);
-	if (!pd || ibv_query_gid(ctx, 1, 0, &gid))
+	if (!pd || ibv_query_gid(ctx, 1, 1, &gid))
 		DIE("no PD or GID");
-	rcq = ibv_create_cq(ctx, 2 * n + 16, NULL, NULL, 0);
+	chan = ibv_create_comp_channel(ctx);
+	rcq = ibv_create_cq(ctx, 2 * n + 16, NULL, chan, 0);
 	pcq = ibv_create_cq(ctx, 4 * n + 16, NULL, NULL, 0);
 	rbuf = calloc((size_t)n * 2, MSG); /* then the send buffers */
 	a = calloc((size_t)n, sizeof(*a));
@@ -300,10 +380,14 @@ int main(int argc, char **argv)
 	}
 	for (int i = 0; i < n; i++)
 		take(pcq, &wc);
+	if (argc == 4)
+		events_run(atoi(argv[3]));
 	printf("cq_scale: %s, %d pairs: empty poll %.0f ns (1 pair: %.0f, "
 	       "ratio %.1f), send to completion %.0f ns (1 pair: %.0f, ratio "
-	       "%.1f); %d messages, each taken once\n",
-	       argv[2], n, en, e1, en / e1, tn, t1, tn / t1, n);
+	       "%.1f); %d messages, each taken once%s%s\n",
+	       argv[2], n, en, e1, en / e1, tn, t1, tn / t1, n,
+	       argc == 4 ? "; then to a receiver asleep on its channel: " : "",
+	       argc == 4 ? argv[3] : "");
 	if (en / e1 > limit || tn / t1 > limit)
 		DIE("a poll with %d pairs costs more than %.0f times one with "
 		    "1", n, limit);

@@ -147,6 +147,8 @@ static int shm_attach(struct urdma_qp *qp, int wait_ms)
 		goto err;
 	qp->dst.ring = (uint8_t *)h + sizeof(*h);
 	qp->dst.wake = urdma_wake_map(qp->peer, READ_ONCE(h->wake_va));
+	qp->dst.bell = NULL;
+	qp->dst.bell_va = 0;
 	qp->dst.prod = qp->dst.done = 0; /* read on first use */
 	qp->peer_pause_ns = qp->peer_retry_ns = 0;
 	__atomic_store_n(&qp->dst.qp, h, __ATOMIC_RELEASE);
@@ -253,7 +255,13 @@ static void responder_notify(struct urdma_qp *qp, bool solicited)
 		}
 		return;
 	}
-	if (urdma_rq_notify_claim(&qp->dst.qp->notify, solicited)) {
+	bool fire = urdma_rq_notify_claim(&qp->dst.qp->notify, solicited);
+
+	/* Its CQ's bell, after the claim's fence and before the owner is
+	 * woken; a ring that set a bit looks at notify once more (bell.c). */
+	if (urdma_bell_ring_dest(&qp->dst, qp->peer) && !fire)
+		fire = urdma_rq_notify_claim(&qp->dst.qp->notify, solicited);
+	if (fire) {
 		atomic_store(&qp->dst.qp->notify_fired, 1);
 		/* a thread of it asleep in ibv_get_cq_event fires it, or its
 		 * progress thread does */
@@ -546,9 +554,12 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 		/* No acknowledgement tells the sender.  A receive the
 		 * responder could not use puts it in error; a length error
 		 * does not (IBA's UC error classes). */
-		if (rx_status == IBV_WC_LOC_PROT_ERR)
+		if (rx_status == IBV_WC_LOC_PROT_ERR) {
+			/* (no event, but its poll finds the completion) */
+			atomic_thread_fence(memory_order_seq_cst);
+			urdma_bell_ring_dest(&qp->dst, qp->peer);
 			responder_error(qp);
-		else
+		} else
 			responder_notify(qp,
 					 (w->send_flags & IBV_SEND_SOLICITED) ||
 						 rx_status != IBV_WC_SUCCESS);

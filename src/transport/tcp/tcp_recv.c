@@ -128,10 +128,12 @@ static void rcv_complete(struct tcp_conn *c, enum ibv_wc_status st,
 	e->wc_flags = wc_flags; /* imm_data: immediate or invalidated rkey */
 	e->src_qp = c->peer_qpn;
 	c->rx_recvs++;
-	if (srq || xs)
+	if (srq || xs) {
 		urdma_srq_publish(e, c->rcv_idx, c->local_qpn);
-	else
+	} else {
 		urdma_ring_publish(c->qp->shm, e, c->rcv_idx);
+		urdma_qp_bell_own(c->qp);
+	}
 	/* An XRC SRQ completes into its own CQ: its owner's progress thread
 	 * takes it there and fires it, if armed (srq.c). */
 	if (xs && urdma_rq_notify_claim(&xs->notify,

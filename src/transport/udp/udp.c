@@ -137,6 +137,8 @@ static void own_dest(struct urdma_qp *qp, struct urdma_shm_dest *d)
 		.ring = (uint8_t *)qp->shm + sizeof(*qp->shm),
 		.rq = qp->rq,
 		.gen = qp->shm->gen,
+		.own_bell = &qp->rcq->bell_pub,
+		.own_slot = qp->bell_slot,
 	};
 	/* (qp->srq stays while the QP is bound: qpn_unbind comes first) */
 	if (qp->srq) {
@@ -145,6 +147,16 @@ static void own_dest(struct urdma_qp *qp, struct urdma_shm_dest *d)
 		d->srq_rq = qp->srq->rq;
 		d->srq_pd = to_upd(qp->srq->ibsrq.pd)->id;
 	}
+}
+
+/* A datagram went into qp's ring (urdma_ud_deliver rang its CQ's bell
+ * and told tell): its event or the progress thread. */
+static void own_told(struct urdma_qp *qp, int tell)
+{
+	if (tell == URDMA_UD_NOTIFY)
+		urdma_qp_notify_recv(qp);
+	else if (tell == URDMA_UD_ERROR)
+		urdma_progress_kick();
 }
 
 /* ---- multicast ---- */
@@ -258,10 +270,8 @@ static void mcast_deliver(struct udp_sock *s, struct urdma_ud_msg *msg)
 				     &why) != URDMA_UD_DONE)
 			urdma_dbg("udp: qp %#x: a multicast datagram dropped: "
 				  "%s", qp->ibqp.qp_num, why);
-		else if (tell == URDMA_UD_NOTIFY)
-			urdma_qp_notify_recv(qp);
-		else if (tell == URDMA_UD_ERROR)
-			urdma_progress_kick();
+		else
+			own_told(qp, tell);
 	}
 	pthread_mutex_unlock(&M.lock);
 }
@@ -313,10 +323,8 @@ static void sock_deliver(struct udp_sock *s, const struct roce_ud *m,
 	    URDMA_UD_DONE)
 		urdma_dbg("udp: qp %#x: a datagram from QP %#x dropped: %s",
 			  m->dest_qp, m->src_qp, why);
-	else if (tell == URDMA_UD_NOTIFY)
-		urdma_qp_notify_recv(qp);
-	else if (tell == URDMA_UD_ERROR)
-		urdma_progress_kick();
+	else
+		own_told(qp, tell);
 	pthread_mutex_unlock(&s->qp_lock);
 }
 

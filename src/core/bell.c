@@ -1,0 +1,459 @@
+// SPDX-License-Identifier: MIT
+/*
+ * A receive CQ's bell (struct urdma_shm_bell, shared.h): a poll of a CQ
+ * behind thousands of QPs costs what it costs behind one.
+ *
+ * A QP with a receive ring of its own gets a slot in its receive CQ.  From
+ * URDMA_BELL_MIN such QPs on, the CQ has a bell in the identity memfd, and
+ * each QP's block names it and the QP's slot.  A deliverer, after it
+ * published a receive completion and passed a fence (urdma_rq_notify_claim's),
+ * rings the slot: its bit, then its word's bit in summary, each only if
+ * clear (a load; the RMW only then).  A ring that set a bit is followed by
+ * one more look at notify, if the claim found the CQ unarmed: an owner that
+ * arms, fences, then polls and finds that bit clear must be fired (the
+ * Dekker pair is ring, fence, notify against arm, fence, bit).  A poll follows
+ * the summary words to the bits words and harvests the QPs whose bits are
+ * set, and the QPs on its carry list (those without a slot), in turns.
+ * A QP's bit stays set while it is busy (harvest_slot says when it goes),
+ * so a QP that receives often costs its deliverer two loads of lines that
+ * do not move, not two RMWs.
+ *
+ * Why nothing is lost: the owner clears a bit (an RMW) and only then looks
+ * at the QP once more; a deliverer publishes, fences, and only then looks
+ * at the bit.  Either the deliverer's look came after the clear, and it
+ * sets the bit again, or the owner's look after the clear sees the entry.
+ * The same holds between a summary bit the owner clears (summary_clear)
+ * and the bits word under it.  When the bell goes on, the owner names it in
+ * every QP's block, fences, and sweeps every QP once: a deliverer that read
+ * no bell_va after its fence published before the sweep looks.  A ring lost
+ * anyway (a peer that died between its two stores, or one that cleared
+ * bits) waits for a sweep: the progress thread asks for one at most every
+ * BELL_SWEEP_NS (its pass comes at least every 200 ms), and the next poll
+ * makes it; a program asleep on its channel learns of it only at its next
+ * event.
+ *
+ * Below URDMA_BELL_MIN QPs the poll walks them all, which is as cheap.
+ * The owner's own completions (TCP, UDP, a flush) ring through bell_pub.
+ */
+#include "core/urdma.h"
+#include "transport/transport.h"
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/log.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+#define BELL_SWEEP_NS 100000000ull /* 100 ms */
+
+static bool bell_ring(struct urdma_shm_bell *b, uint32_t slot);
+
+static void carry_add(struct urdma_cq *cq, struct urdma_qp *qp)
+{
+	if (!qp->carried) {
+		qp->carried = true;
+		list_add_tail(&qp->carry_node, &cq->carry);
+	}
+}
+
+/* A free slot, or URDMA_BELL_NONE (all taken, or no memory). */
+static uint32_t slot_get(struct urdma_cq *cq)
+{
+	if (cq->nfree)
+		return cq->slot_free[--cq->nfree];
+	if (cq->slot_next == URDMA_BELL_SLOTS)
+		return URDMA_BELL_NONE;
+	if (cq->slot_next == cq->slot_cap) {
+		uint32_t cap = cq->slot_cap ? 2 * cq->slot_cap : 64;
+		uint32_t *f = urdma_ring_move(cq->slot_free, cq->slot_cap, 0,
+					      cq->nfree, cap, sizeof(*f));
+		struct urdma_qp **q;
+
+		if (!f)
+			return URDMA_BELL_NONE;
+		cq->slot_free = f; /* (bigger than needed, if q fails) */
+		q = urdma_ring_move(cq->slot_qp, cq->slot_cap, 0, cq->slot_next,
+				    cap, sizeof(*q));
+		if (!q)
+			return URDMA_BELL_NONE;
+		cq->slot_qp = q;
+		cq->slot_cap = cap;
+	}
+	return cq->slot_next++;
+}
+
+/* Tell deliverers of qp's receives where to ring. */
+static void bell_name(struct urdma_cq *cq, struct urdma_qp *qp)
+{
+	if (qp->bell_slot == URDMA_BELL_NONE)
+		return;
+	qp->shm->bell_slot = qp->bell_slot;
+	atomic_store_explicit(&qp->shm->bell_va, cq->bell_va,
+			      memory_order_release);
+}
+
+static void bell_on(struct urdma_cq *cq)
+{
+	struct urdma_shm_bell *b;
+	struct urdma_qp *qp;
+	uint64_t va;
+
+	b = urdma_arena_alloc(sizeof(*b), &va);
+	if (!b) {
+		urdma_dbg("cq %p: no bell (%m): its polls look at every QP",
+			  (void *)cq);
+		return;
+	}
+	b->magic = URDMA_BELL_MAGIC;
+	b->version = URDMA_SHM_VERSION;
+	cq->bell_va = va;
+	list_for_each_entry(qp, &cq->ring_qps, ring_node)
+		bell_name(cq, qp);
+	/* Pairs with the deliverers' fence: either one saw our bell_va, or
+	 * the sweep sees what it published. */
+	atomic_thread_fence(memory_order_seq_cst);
+	cq->bell = b;
+	atomic_store(&cq->bell_sweep, true);
+	atomic_store_explicit(&cq->bell_pub, b, memory_order_release);
+}
+
+void urdma_bell_add(struct urdma_cq *cq, struct urdma_qp *qp)
+{
+	cq->nring++;
+	qp->bell_slot = slot_get(cq);
+	if (qp->bell_slot == URDMA_BELL_NONE)
+		carry_add(cq, qp); /* no slot: looked at by every poll */
+	else
+		cq->slot_qp[qp->bell_slot] = qp;
+	if (cq->bell)
+		bell_name(cq, qp);
+	else if (cq->nring >= URDMA_BELL_MIN)
+		bell_on(cq);
+}
+
+void urdma_bell_del(struct urdma_cq *cq, struct urdma_qp *qp)
+{
+	cq->nring--;
+	if (qp->carried) {
+		qp->carried = false;
+		list_del(&qp->carry_node);
+	}
+	if (qp->bell_slot != URDMA_BELL_NONE) {
+		/* (a late ring of it rings the next QP of the slot: a harvest
+		 * that finds nothing) */
+		cq->slot_qp[qp->bell_slot] = NULL;
+		cq->slot_free[cq->nfree++] = qp->bell_slot;
+		qp->bell_slot = URDMA_BELL_NONE;
+	}
+}
+
+/* The sweep asked for (the bell just went on, or the progress thread's
+ * timer): every ring QP's slot rung, by us (the flag first: a ring from
+ * now on is seen by this look or the next).  Rung, not carried: the
+ * scan's turns keep one busy QP from starving the others. */
+static void sweep_take(struct urdma_cq *cq)
+{
+	struct urdma_qp *qp;
+
+	if (!atomic_load_explicit(&cq->bell_sweep, memory_order_relaxed))
+		return;
+	atomic_store(&cq->bell_sweep, false);
+	atomic_thread_fence(memory_order_seq_cst);
+	list_for_each_entry(qp, &cq->ring_qps, ring_node)
+		if (qp->bell_slot != URDMA_BELL_NONE)
+			bell_ring(cq->bell, qp->bell_slot);
+}
+
+/* A bits word found empty: its summary bit goes, unless a ring came
+ * meanwhile (its deliverer found the summary bit set and left it). */
+static void summary_clear(struct urdma_shm_bell *b, uint32_t i)
+{
+	_Atomic uint64_t *s = &b->summary[i / 64];
+	uint64_t m = 1ull << (i % 64);
+
+	atomic_fetch_and(s, ~m);
+	if (atomic_load(&b->bits[i]))
+		atomic_fetch_or(s, m);
+}
+
+typedef bool (*slot_fn)(struct urdma_cq *cq, uint32_t slot, void *arg);
+
+/* fn for each rung slot in [from, to), in order, until it says stop
+ * (true).  The summary skips 64 quiet slots a bit, 4,096 a word. */
+static bool bell_scan(struct urdma_cq *cq, uint32_t from, uint32_t to,
+		      slot_fn fn, void *arg)
+{
+	struct urdma_shm_bell *b = cq->bell;
+	uint32_t i = from / 64; /* a bits word */
+
+	while (i * 64 < to) {
+		uint64_t s = atomic_load(&b->summary[i / 64]) >> (i % 64);
+		uint64_t bw;
+
+		if (!s) {
+			i = (i / 64 + 1) * 64;
+			continue;
+		}
+		i += (uint32_t)__builtin_ctzll(s);
+		if (i * 64 >= to)
+			break;
+		bw = atomic_load(&b->bits[i]);
+		if (!bw) {
+			summary_clear(b, i);
+			i++;
+			continue;
+		}
+		if (i == from / 64)
+			bw &= ~0ull << (from % 64);
+		if ((i + 1) * 64 > to)
+			bw &= (1ull << (to % 64)) - 1;
+		while (bw) {
+			uint32_t slot = i * 64 + (uint32_t)__builtin_ctzll(bw);
+
+			bw &= bw - 1;
+			if (fn(cq, slot, arg))
+				return true;
+		}
+		i++;
+	}
+	return false;
+}
+
+static struct urdma_qp *slot_qp(struct urdma_cq *cq, uint32_t slot)
+{
+	return slot < cq->slot_next ? cq->slot_qp[slot] : NULL;
+}
+
+struct harvest {
+	struct ibv_wc *wc;
+	int n, num;
+};
+
+/*
+ * Harvest a rung slot's QP.  Its bit stays set while the QP is busy: a
+ * deliverer that finds it set writes nothing, so a QP that receives often
+ * costs no line moved per message.  The bit goes once the QP was found
+ * empty BELL_IDLE times (qp->bell_idle) and the CQ's last BELL_IDLE polls
+ * found nothing at all (cq->bell_quiet), or BELL_IDLE_MAX times in a CQ
+ * that stays busy (else each poll would look at every QP that ever
+ * received, as the walk did): perftest 8 B ib_send_bw -q 16
+ * and -q 64, round robin, lost a quarter of their rate when each emptied
+ * QP's bit went at once, and still 6-12 % with the QP's count alone (a
+ * poller faster than the sender finds each QP empty often).  Then one more
+ * look takes what a deliverer published before the bit went and did not
+ * ring for, as it found the bit set.
+ */
+#define BELL_IDLE 16
+#define BELL_IDLE_MAX 4096
+
+static bool harvest_slot(struct urdma_cq *cq, uint32_t slot, void *arg)
+{
+	_Atomic uint64_t *w = &cq->bell->bits[slot / 64];
+	uint64_t m = 1ull << (slot % 64);
+	struct urdma_qp *qp = slot_qp(cq, slot);
+	struct harvest *h = arg;
+	int k;
+
+	if (!qp) { /* rung for a QP gone */
+		atomic_fetch_and(w, ~m);
+		return false;
+	}
+	k = urdma_qp_harvest(qp, h->wc + h->n, h->num - h->n);
+	h->n += k;
+	if (k)
+		qp->bell_idle = 0;
+	if (h->n < h->num) {
+		if (k || ++qp->bell_idle < BELL_IDLE ||
+		    (cq->bell_quiet < BELL_IDLE && qp->bell_idle < BELL_IDLE_MAX))
+			return false;
+		qp->bell_idle = 0;
+		atomic_fetch_and(w, ~m);
+		atomic_thread_fence(memory_order_seq_cst); /* (then the look) */
+		k = urdma_qp_harvest(qp, h->wc + h->n, h->num - h->n);
+		if (!k)
+			return false;
+		atomic_fetch_or(w, m);
+		h->n += k;
+		if (h->n < h->num)
+			return false;
+	}
+	cq->bell_turn = slot + 1; /* the next poll starts after it */
+	return true;
+}
+
+/* Every rung slot, from bell_turn round to it: fn until it says stop. */
+static bool bell_scan_all(struct urdma_cq *cq, slot_fn fn, void *arg)
+{
+	uint32_t end = cq->slot_next;
+	uint32_t t = cq->bell_turn < end ? cq->bell_turn : 0;
+
+	return bell_scan(cq, t, end, fn, arg) || (t && bell_scan(cq, 0, t, fn, arg));
+}
+
+/* The QPs without a slot (more than URDMA_BELL_SLOTS, or no memory for
+ * one): every poll looks at them, in turns. */
+static void harvest_carry(struct urdma_cq *cq, struct harvest *h)
+{
+	struct urdma_qp *qp, *next;
+
+	list_for_each_entry_safe(qp, next, &cq->carry, carry_node) {
+		h->n += urdma_qp_harvest(qp, h->wc + h->n, h->num - h->n);
+		if (h->n == h->num) {
+			if (&next->carry_node != &cq->carry)
+				list_rotate_to(&cq->carry, &next->carry_node);
+			return;
+		}
+	}
+}
+
+int urdma_bell_harvest(struct urdma_cq *cq, int num, struct ibv_wc *wc)
+{
+	struct harvest h = { wc, 0, num };
+
+	sweep_take(cq);
+	/* the slotless first every other poll: neither starves the other */
+	cq->carry_first = !cq->carry_first;
+	if (cq->carry_first && !list_empty(&cq->carry))
+		harvest_carry(cq, &h);
+	if (h.n < num)
+		bell_scan_all(cq, harvest_slot, &h);
+	if (!cq->carry_first && h.n < num && !list_empty(&cq->carry))
+		harvest_carry(cq, &h);
+	if (h.n)
+		cq->bell_quiet = 0;
+	else if (cq->bell_quiet < BELL_IDLE)
+		cq->bell_quiet++;
+	return h.n;
+}
+
+static bool any_slot(struct urdma_cq *cq, uint32_t slot, void *arg)
+{
+	struct urdma_qp *qp = slot_qp(cq, slot);
+
+	(void)arg;
+	return qp && urdma_rq_any(qp);
+}
+
+bool urdma_bell_holds(struct urdma_cq *cq)
+{
+	struct urdma_qp *qp;
+
+	sweep_take(cq);
+	list_for_each_entry(qp, &cq->carry, carry_node)
+		if (urdma_rq_any(qp))
+			return true;
+	return bell_scan_all(cq, any_slot, NULL);
+}
+
+static bool count_slot(struct urdma_cq *cq, uint32_t slot, void *arg)
+{
+	struct urdma_qp *qp = slot_qp(cq, slot);
+
+	if (qp && !qp->carried)
+		*(uint32_t *)arg += urdma_rq_ready(qp);
+	return false;
+}
+
+uint32_t urdma_bell_ready(struct urdma_cq *cq)
+{
+	struct urdma_qp *qp;
+	uint32_t n = 0;
+
+	sweep_take(cq);
+	list_for_each_entry(qp, &cq->carry, carry_node)
+		n += urdma_rq_ready(qp);
+	bell_scan_all(cq, count_slot, &n);
+	return n;
+}
+
+void urdma_bell_free(struct urdma_cq *cq)
+{
+	if (cq->bell) /* peers may ring it yet: never reused */
+		urdma_arena_free(cq->bell, sizeof(*cq->bell), true);
+	cq->bell = NULL;
+	urdma_free(cq->slot_qp);
+	urdma_free(cq->slot_free);
+}
+
+void urdma_bell_tick(struct urdma_cq *cq, uint64_t now)
+{
+	if (!atomic_load_explicit(&cq->bell_pub, memory_order_relaxed) ||
+	    now - cq->bell_swept_ns < BELL_SWEEP_NS)
+		return;
+	cq->bell_swept_ns = now;
+	atomic_store(&cq->bell_sweep, true);
+}
+
+/* Ring slot of bell b: true if it set a bit (it was clear). */
+static bool bell_ring(struct urdma_shm_bell *b, uint32_t slot)
+{
+	_Atomic uint64_t *w, *s;
+	uint64_t m, ms;
+	bool set = false;
+
+	if (slot >= URDMA_BELL_SLOTS)
+		return false; /* a block a peer wrote */
+	w = &b->bits[slot / 64];
+	m = 1ull << (slot % 64);
+	if (!(atomic_load(w) & m)) {
+		atomic_fetch_or(w, m);
+		set = true;
+	}
+	s = &b->summary[slot / 4096];
+	ms = 1ull << (slot / 64 % 64);
+	if (!(atomic_load(s) & ms)) {
+		atomic_fetch_or(s, ms);
+		set = true;
+	}
+	return set;
+}
+
+void urdma_qp_bell_own(struct urdma_qp *qp)
+{
+	struct urdma_shm_bell *b;
+
+	/* (the deliverers' fence: published before the bell is read) */
+	atomic_thread_fence(memory_order_seq_cst);
+	b = atomic_load_explicit(&qp->rcq->bell_pub, memory_order_acquire);
+	if (b && qp->bell_slot != URDMA_BELL_NONE)
+		bell_ring(b, qp->bell_slot);
+}
+
+/* The bell at va in peer p's memory, checked, or NULL. */
+static struct urdma_shm_bell *bell_map(struct urdma_peer *p, uint64_t va)
+{
+	struct urdma_shm_bell *b;
+	uint64_t avail;
+
+	if (!va || (va & 4095) || va >> URDMA_VA_BITS)
+		return NULL;
+	b = urdma_peer_ptr(p, va, &avail);
+	if (!b || avail < sizeof(*b) ||
+	    READ_ONCE(b->magic) != URDMA_BELL_MAGIC ||
+	    READ_ONCE(b->version) != URDMA_SHM_VERSION)
+		return NULL;
+	return b;
+}
+
+bool urdma_bell_ring_dest(struct urdma_shm_dest *d, struct urdma_peer *p)
+{
+	/* (acquire: the slot was written before it) */
+	uint64_t va;
+
+	if (d->own_bell) { /* our own QP (UDP): the CQ's pointer, our slot */
+		struct urdma_shm_bell *b =
+			atomic_load_explicit(d->own_bell, memory_order_acquire);
+
+		return b && d->own_slot != URDMA_BELL_NONE &&
+		       bell_ring(b, d->own_slot);
+	}
+	va = atomic_load_explicit(&d->qp->bell_va, memory_order_acquire);
+	if (!va)
+		return false;
+	if (va != d->bell_va) {
+		/* (a failure is not kept: looked for again next time) */
+		d->bell = bell_map(p, va);
+		d->bell_va = d->bell ? va : 0;
+	}
+	return d->bell && bell_ring(d->bell, READ_ONCE(d->qp->bell_slot));
+}
