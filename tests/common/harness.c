@@ -127,15 +127,61 @@ _Noreturn void t_skip(const char *fmt, ...)
 /* Watchdogs                                                          */
 /* ------------------------------------------------------------------ */
 
+/* Print every thread's stack of process pid (gdb, if there is one) on
+ * stderr, for at most 5 s (ctest's 120 s stay ahead of the global 115 s
+ * watchdog and two of these): a case that hangs once in a hundred runs
+ * says where.  From the watchdog's signal handler: fork, exec and wait
+ * only.  T_NO_STACKS=1 skips it. */
+static void dump_stacks(pid_t pid)
+{
+	char arg[24];
+	pid_t c;
+
+	snprintf(arg, sizeof(arg), "%d", (int)pid);
+	c = fork();
+	if (c == 0) {
+		dup2(2, 1);
+		execlp("gdb", "gdb", "-batch", "-nx", "-q", "-p", arg, "-ex",
+		       "thread apply all bt", (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; c > 0 && i < 50; i++) {
+		struct timespec ts = { 0, 100000000 };
+
+		if (waitpid(c, NULL, WNOHANG) == c)
+			return;
+		nanosleep(&ts, NULL);
+	}
+	if (c > 0) {
+		kill(c, SIGKILL);
+		waitpid(c, NULL, 0);
+	}
+}
+
 static void watchdog(int sig)
 {
 	(void)sig;
 	char buf[256];
+	const char *no = getenv("T_NO_STACKS");
 	snprintf(buf, sizeof(buf),
 		 "[%s %s] WATCHDOG: timed out (something hung); killing it\n",
 		 g_role, g_case);
 	emit(buf);
 	pid_t pid = g_kill_on_exit;
+	if (!no || strcmp(no, "1")) {
+		/* (Yama: a child may trace its parent only if told so) */
+		prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+		snprintf(buf, sizeof(buf), "[%s %s] the stacks of pid %d:\n",
+			 g_role, g_case, (int)getpid());
+		emit(buf);
+		dump_stacks(getpid());
+		if (pid > 0) {
+			snprintf(buf, sizeof(buf), "[%s %s] the peer's (pid %d):\n",
+				 g_role, g_case, (int)pid);
+			emit(buf);
+			dump_stacks(pid);
+		}
+	}
 	if (pid > 0)
 		kill(pid, SIGKILL);
 	_exit(1);
