@@ -419,22 +419,6 @@ void urdma_qp_bell_own(struct urdma_qp *qp)
 		bell_ring(b, qp->bell_slot);
 }
 
-/* The bell at va in peer p's memory, checked, or NULL. */
-static struct urdma_shm_bell *bell_map(struct urdma_peer *p, uint64_t va)
-{
-	struct urdma_shm_bell *b;
-	uint64_t avail;
-
-	if (!va || (va & 4095) || va >> URDMA_VA_BITS)
-		return NULL;
-	b = urdma_peer_ptr(p, va, &avail);
-	if (!b || avail < sizeof(*b) ||
-	    READ_ONCE(b->magic) != URDMA_BELL_MAGIC ||
-	    READ_ONCE(b->version) != URDMA_SHM_VERSION)
-		return NULL;
-	return b;
-}
-
 bool urdma_bell_ring_dest(struct urdma_shm_dest *d, struct urdma_peer *p)
 {
 	/* (acquire: the slot was written before it) */
@@ -452,7 +436,8 @@ bool urdma_bell_ring_dest(struct urdma_shm_dest *d, struct urdma_peer *p)
 		return false;
 	if (va != d->bell_va) {
 		/* (a failure is not kept: looked for again next time) */
-		d->bell = bell_map(p, va);
+		d->bell = urdma_peer_block(p, va, sizeof(*d->bell),
+					   URDMA_BELL_MAGIC);
 		d->bell_va = d->bell ? va : 0;
 	}
 	return d->bell && bell_ring(d->bell, READ_ONCE(d->qp->bell_slot));

@@ -515,3 +515,18 @@ void *urdma_peer_ptr(struct urdma_peer *p, uint64_t va, uint64_t *avail)
 		return NULL;
 	return urdma_wintab_ptr(&p->win, &p->lock, p->memfd, va, avail);
 }
+
+void *urdma_peer_block(struct urdma_peer *p, uint64_t va, uint64_t size,
+		       uint32_t magic)
+{
+	const uint32_t *h;
+	uint64_t avail;
+
+	if (!va || (va & 4095) || va >> URDMA_VA_BITS)
+		return NULL;
+	h = urdma_peer_ptr(p, va, &avail);
+	if (!h || avail < size || READ_ONCE(h[0]) != magic ||
+	    READ_ONCE(h[1]) != URDMA_SHM_VERSION)
+		return NULL;
+	return (void *)h;
+}

@@ -39,6 +39,7 @@
 #include <assert.h>
 #include <stdalign.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define URDMA_SHM_MAGIC 0x75726d61u /* "urma" */
@@ -287,6 +288,9 @@ struct urdma_shm_wake {
 	_Atomic uint64_t since;	  /* when one last went to wait (ns) */
 };
 static_assert(sizeof(struct urdma_shm_wake) == 2 * URDMA_CACHELINE, "wake");
+/* (magic, then version: checked alike by urdma_peer_block) */
+static_assert(offsetof(struct urdma_shm_wake, version) == 4, "wake header");
+static_assert(offsetof(struct urdma_shm_bell, version) == 4, "bell header");
 
 /*
  * A shared receive queue's block.  The owner posts as into a QP's ring

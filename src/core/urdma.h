@@ -655,6 +655,10 @@ bool urdma_mw_remote_invalidate(struct urdma_qp *qp, uint32_t rkey,
 				bool check_only);
 const struct urdma_shm_ctx *urdma_peer_shm(struct urdma_peer *p);
 void *urdma_peer_ptr(struct urdma_peer *p, uint64_t va, uint64_t *avail);
+/* A block of ours in peer p's memory (shared.h: a page-aligned va, size
+ * bytes, beginning with magic and URDMA_SHM_VERSION), checked, or NULL. */
+void *urdma_peer_block(struct urdma_peer *p, uint64_t va, uint64_t size,
+		       uint32_t magic);
 int urdma_peer_wake(struct urdma_peer *p);
 /* A pointer to len bytes at owner address va; NULL if the memory can't be
  * reached.  *avail is set to how many bytes are contiguous from there. */

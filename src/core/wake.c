@@ -116,17 +116,8 @@ void urdma_wake_atfork_child(void)
 /* The wake block at va in peer p's memory, checked, or NULL. */
 struct urdma_shm_wake *urdma_wake_map(struct urdma_peer *p, uint64_t va)
 {
-	struct urdma_shm_wake *w;
-	uint64_t avail;
-
-	if (!va || (va & 4095) || va >> URDMA_VA_BITS)
-		return NULL;
-	w = urdma_peer_ptr(p, va, &avail);
-	if (!w || avail < sizeof(*w) ||
-	    READ_ONCE(w->magic) != URDMA_WAKE_MAGIC ||
-	    READ_ONCE(w->version) != URDMA_SHM_VERSION)
-		return NULL;
-	return w;
+	return urdma_peer_block(p, va, sizeof(struct urdma_shm_wake),
+				URDMA_WAKE_MAGIC);
 }
 
 /* A peer fired one of w's owner's QPs (its notify_fired is set): wake a

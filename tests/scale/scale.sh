@@ -20,18 +20,27 @@ compat_init "${1:-}"
 QS=$BUILD/bin/qp_scale
 CQS=$BUILD/bin/cq_scale
 
-# scale_case NAME TRANSPORT TIMEOUT ARGS...: qp_scale must exit 0.
-scale_case() {
-    local name=$1 tr=$2 t=$3
-    shift 3
-    run_check "$name" "$t" env URDMA_TRANSPORT="$tr" "$URDMA" run "$QS" "$@"
-    if [ "$CHECK_RC" -eq 0 ] && grep -q '^qp_scale' "$CHECK_LOG"; then
+# prog_case NAME TRANSPORT TIMEOUT PROG ARGS...: PROG (qp_scale or
+# cq_scale) must exit 0 and print its line.
+prog_case() {
+    local name=$1 tr=$2 t=$3 prog=$4 tag
+    shift 4
+    tag=$(basename "$prog")
+    run_check "$name" "$t" env URDMA_TRANSPORT="$tr" "$URDMA" run "$prog" "$@"
+    if [ "$CHECK_RC" -eq 0 ] && grep -q "^$tag" "$CHECK_LOG"; then
         pass "$name"
-        grep '^qp_scale' "$CHECK_LOG" | sed 's/^/  | /'
+        grep "^$tag" "$CHECK_LOG" | sed 's/^/  | /'
     else
         fail "$name" "exit status $CHECK_RC"
         show_log "$CHECK_LOG"
     fi
+}
+
+# scale_case NAME TRANSPORT TIMEOUT ARGS...: qp_scale must exit 0.
+scale_case() {
+    local name=$1 tr=$2 t=$3
+    shift 3
+    prog_case "$name" "$tr" "$t" "$QS" "$@"
 }
 
 scale_case "shm: 16384 QPs" shm 120 16384
@@ -43,14 +52,7 @@ scale_case "shm: 16384 QPs" shm 120 16384
 cq_case() {
     local name=$1 t=$2
     shift 2
-    run_check "$name" "$t" env URDMA_TRANSPORT=shm "$URDMA" run "$CQS" "$@"
-    if [ "$CHECK_RC" -eq 0 ] && grep -q '^cq_scale' "$CHECK_LOG"; then
-        pass "$name"
-        grep '^cq_scale' "$CHECK_LOG" | sed 's/^/  | /'
-    else
-        fail "$name" "exit status $CHECK_RC"
-        show_log "$CHECK_LOG"
-    fi
+    prog_case "$name" shm "$t" "$CQS" "$@"
 }
 cq_case "shm: a CQ behind 4096 QPs on an SRQ polls as behind 1" 60 4096 srq
 cq_case "shm: a CQ behind 4096 QPs with own rings polls as behind 1" 60 4096 ring
