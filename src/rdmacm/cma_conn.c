@@ -342,6 +342,19 @@ static int cma_recv(struct cma_id *cid)
 	}
 }
 
+/* Is the connected socket fd connected to itself?  TCP's simultaneous open
+ * does that to a socket that connects to the address and port it is
+ * bound to (an ephemeral port that a listener had just freed, say). */
+static bool cma_self_connected(int fd)
+{
+	struct sockaddr_storage a, b;
+	socklen_t la = sizeof(a), lb = sizeof(b);
+
+	return !getsockname(fd, (struct sockaddr *)&a, &la) &&
+	       !getpeername(fd, (struct sockaddr *)&b, &lb) && la == lb &&
+	       !memcmp(&a, &b, la);
+}
+
 static void cma_connected_out(struct cma_id *cid)
 {
 	int err = 0;
@@ -350,6 +363,9 @@ static void cma_connected_out(struct cma_id *cid)
 	size_t plen = cid->rlen;
 
 	getsockopt(cid->fd, SOL_SOCKET, SO_ERROR, &err, &l);
+	/* Nobody listens there: refused, as a port nobody listens on is. */
+	if (!err && cma_self_connected(cid->fd))
+		err = ECONNREFUSED;
 	memcpy(pdata, cid->rbuf, plen);
 	cid->rlen = 0;
 	if (!err) {

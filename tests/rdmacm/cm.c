@@ -741,6 +741,41 @@ static void unreachable(void *arg)
 	end_free(&c);
 }
 
+/* A connect to the address and port the id is bound to, where nothing
+ * listens: TCP's simultaneous open connects the socket to itself, and the
+ * id read its own REQ ("unexpected CM message 1 in state 6", status
+ * -EPROTO).  It happened to `unreachable` when the client's ephemeral
+ * port was the one the listener had just freed: 3 runs in 56 of
+ * cm_conformance back to back over TCP.  Refused, as any port nobody
+ * listens on. */
+static void connect_to_itself(void *arg)
+{
+	struct sockaddr_in a = test_addr(0);
+	struct rdma_conn_param cp = { .retry_count = 7 };
+	struct end c = { 0 };
+	struct rdma_cm_event *ev;
+
+	c.ch = rdma_create_event_channel();
+	REQUIRE(c.ch, "rdma_create_event_channel");
+	REQUIRE(rdma_create_id(c.ch, &c.id, &c, RDMA_PS_TCP) == 0, "rdma_create_id");
+	REQUIRE(rdma_bind_addr(c.id, (struct sockaddr *)&a) == 0, "bind: %s",
+		strerror(errno));
+	a.sin_port = rdma_get_src_port(c.id);
+	REQUIRE(rdma_resolve_addr(c.id, NULL, (struct sockaddr *)&a, 2000) == 0,
+		"rdma_resolve_addr: %s", strerror(errno));
+	expect_ack(c.ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+	REQUIRE(rdma_resolve_route(c.id, 2000) == 0, "rdma_resolve_route");
+	expect_ack(c.ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+	REQUIRE(rdma_connect(c.id, &cp) == 0, "rdma_connect: %s", strerror(errno));
+	ev = expect_event(c.ch, RDMA_CM_EVENT_UNREACHABLE, 5000);
+	if (ev) {
+		CHECK(ev->status == -ECONNREFUSED, "status %d, wanted -ECONNREFUSED",
+		      ev->status);
+		rdma_ack_cm_event(ev);
+	}
+	end_free(&c);
+}
+
 static void nonblocking_channel(void *arg)
 {
 	struct rdma_event_channel *ch = rdma_create_event_channel();
@@ -1095,6 +1130,7 @@ int main(int argc, char **argv)
 	t_case("unreachable", unreachable, NULL);
 	t_case("ud_service_id", ud_service_id, NULL);
 	t_case("ud_multicast", ud_multicast, NULL);
+	t_case("connect_to_itself", connect_to_itself, NULL);
 	t_case("nonblocking_channel", nonblocking_channel, NULL);
 	t_case("sync_endpoints", sync_endpoints, NULL);
 	t_case("migrate_id", migrate, NULL);
