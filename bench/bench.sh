@@ -853,7 +853,9 @@ bench_api() {
 
 # Many QPs (tests/scale/qp_scale.c): BENCH_QPS (default 16384) RC QPs
 # between two processes on each transport, created, connected, a Write each,
-# destroyed; rates and memory per idle QP, as qp_scale prints them.
+# destroyed; rates and memory per idle QP, as qp_scale prints them.  Then
+# one receive CQ behind 4,096 QPs over shm (tests/scale/cq_scale.c): an
+# empty poll and a Send to its completion, next to the same with 1 QP.
 # BENCH_SCALE=0 leaves it out.
 bench_scale() {
     local tr n=${BENCH_QPS:-16384}
@@ -868,6 +870,11 @@ bench_scale() {
             echo "$tr:"
             URDMA_TRANSPORT=$tr timeout 300 "$URDMA" run "$BUILD/bin/qp_scale" "$n" \
                 2>"$LOGS/qp_scale-$tr.log" | sed 's/^/    /'
+        done
+        echo "one receive CQ behind 4096 QPs, shm (own receives; one SRQ):"
+        for m in ring srq; do
+            URDMA_TRANSPORT=shm timeout 120 "$URDMA" run "$BUILD/bin/cq_scale" 4096 "$m" \
+                2>>"$LOGS/cq_scale.log" | sed 's/^/    /'
         done
     } | tee -a "$RESULTS"
 }
