@@ -421,7 +421,6 @@ void urdma_qp_bell_own(struct urdma_qp *qp)
 
 bool urdma_bell_ring_dest(struct urdma_shm_dest *d, struct urdma_peer *p)
 {
-	/* (acquire: the slot was written before it) */
 	uint64_t va;
 
 	if (d->own_bell) { /* our own QP (UDP): the CQ's pointer, our slot */
@@ -431,6 +430,9 @@ bool urdma_bell_ring_dest(struct urdma_shm_dest *d, struct urdma_peer *p)
 		return b && d->own_slot != URDMA_BELL_NONE &&
 		       bell_ring(b, d->own_slot);
 	}
+	if (!p)
+		return false; /* (no peer, no own pointer: nothing to ring) */
+	/* (acquire: the slot was written before it) */
 	va = atomic_load_explicit(&d->qp->bell_va, memory_order_acquire);
 	if (!va)
 		return false;

@@ -560,7 +560,7 @@ static struct urdma_cq_srq *cq_srq_find(struct urdma_cq *cq,
 	return NULL;
 }
 
-/* One QP of cq's less receives from srq. */
+/* A QP of cq no longer receives from srq. */
 static void cq_srq_put(struct urdma_cq *cq, struct urdma_srq *srq)
 {
 	struct urdma_cq_srq *cs;
