@@ -204,19 +204,16 @@ static void check_recv(const struct ibv_wc *wc, uint8_t *seen)
 	post_recv(j);
 }
 
-/* The lower of 5 rounds: ns per empty poll of the shared CQ. */
-static double empty_poll_ns(void)
+/* The lower of 5 rounds of m calls of fn: ns per call. */
+static double per_call_ns(void (*fn)(void), int m)
 {
-	struct ibv_wc wc[16];
 	double best = 1e18;
 
 	for (int r = 0; r < 5; r++) {
-		int m = npairs > 1000 ? 2000 : 20000;
 		double t = now_ns();
 
 		for (int i = 0; i < m; i++)
-			if (ibv_poll_cq(rcq, 16, wc))
-				DIE("a completion from nowhere");
+			fn();
 		t = (now_ns() - t) / m;
 		if (t < best)
 			best = t;
@@ -224,23 +221,29 @@ static double empty_poll_ns(void)
 	return best;
 }
 
-/* The lower of 5 rounds: ns per ibv_req_notify_cq of the shared CQ. */
+static void poll_empty(void)
+{
+	struct ibv_wc wc[16];
+
+	if (ibv_poll_cq(rcq, 16, wc))
+		DIE("a completion from nowhere");
+}
+
+static void arm(void)
+{
+	if (ibv_req_notify_cq(rcq, 0))
+		DIE("ibv_req_notify_cq failed");
+}
+
+/* ns per empty poll of the shared CQ, and per arm of it. */
+static double empty_poll_ns(void)
+{
+	return per_call_ns(poll_empty, npairs > 1000 ? 2000 : 20000);
+}
+
 static double arm_ns(void)
 {
-	double best = 1e18;
-
-	for (int r = 0; r < 5; r++) {
-		int m = npairs > 1000 ? 200 : 2000;
-		double t = now_ns();
-
-		for (int i = 0; i < m; i++)
-			if (ibv_req_notify_cq(rcq, 0))
-				DIE("ibv_req_notify_cq failed");
-		t = (now_ns() - t) / m;
-		if (t < best)
-			best = t;
-	}
-	return best;
+	return per_call_ns(arm, npairs > 1000 ? 200 : 2000);
 }
 
 /* The lower of 5 rounds of 200: ns from a Send's post to its receive's
