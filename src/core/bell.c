@@ -33,7 +33,8 @@
  * event.
  *
  * Below URDMA_BELL_MIN QPs the poll walks them all, which is as cheap.
- * The owner's own completions (TCP, UDP, a flush) ring through bell_pub.
+ * The owner's own completions (TCP, UDP, a flush) ring through the CQ's
+ * pointer (urdma_bell_of).
  */
 #include "core/urdma.h"
 #include "transport/transport.h"
@@ -112,9 +113,8 @@ static void bell_on(struct urdma_cq *cq)
 	/* Pairs with the deliverers' fence: either one saw our bell_va, or
 	 * the sweep sees what it published. */
 	atomic_thread_fence(memory_order_seq_cst);
-	cq->bell = b;
 	atomic_store(&cq->bell_sweep, true);
-	atomic_store_explicit(&cq->bell_pub, b, memory_order_release);
+	atomic_store_explicit(&cq->bell, b, memory_order_release);
 }
 
 void urdma_bell_add(struct urdma_cq *cq, struct urdma_qp *qp)
@@ -125,7 +125,7 @@ void urdma_bell_add(struct urdma_cq *cq, struct urdma_qp *qp)
 		carry_add(cq, qp); /* no slot: looked at by every poll */
 	else
 		cq->slot_qp[qp->bell_slot] = qp;
-	if (cq->bell)
+	if (urdma_bell_of(cq))
 		bell_name(cq, qp);
 	else if (cq->nring >= URDMA_BELL_MIN)
 		bell_on(cq);
@@ -161,7 +161,7 @@ static void sweep_take(struct urdma_cq *cq)
 	atomic_thread_fence(memory_order_seq_cst);
 	list_for_each_entry(qp, &cq->ring_qps, ring_node)
 		if (qp->bell_slot != URDMA_BELL_NONE)
-			bell_ring(cq->bell, qp->bell_slot);
+			bell_ring(urdma_bell_of(cq), qp->bell_slot);
 }
 
 /* A bits word found empty: its summary bit goes, unless a ring came
@@ -183,7 +183,7 @@ typedef bool (*slot_fn)(struct urdma_cq *cq, uint32_t slot, void *arg);
 static bool bell_scan(struct urdma_cq *cq, uint32_t from, uint32_t to,
 		      slot_fn fn, void *arg)
 {
-	struct urdma_shm_bell *b = cq->bell;
+	struct urdma_shm_bell *b = urdma_bell_of(cq);
 	uint32_t i = from / 64; /* a bits word */
 
 	while (i * 64 < to) {
@@ -248,7 +248,7 @@ struct harvest {
 
 static bool harvest_slot(struct urdma_cq *cq, uint32_t slot, void *arg)
 {
-	_Atomic uint64_t *w = &cq->bell->bits[slot / 64];
+	_Atomic uint64_t *w = &urdma_bell_of(cq)->bits[slot / 64];
 	uint64_t m = 1ull << (slot % 64);
 	struct urdma_qp *qp = slot_qp(cq, slot);
 	struct harvest *h = arg;
@@ -368,16 +368,17 @@ uint32_t urdma_bell_ready(struct urdma_cq *cq)
 
 void urdma_bell_free(struct urdma_cq *cq)
 {
-	if (cq->bell) /* peers may ring it yet: never reused */
-		urdma_arena_free(cq->bell, sizeof(*cq->bell), true);
-	cq->bell = NULL;
+	struct urdma_shm_bell *b = urdma_bell_of(cq);
+
+	if (b) /* peers may ring it yet: never reused */
+		urdma_arena_free(b, sizeof(*b), true);
 	urdma_free(cq->slot_qp);
 	urdma_free(cq->slot_free);
 }
 
 void urdma_bell_tick(struct urdma_cq *cq, uint64_t now)
 {
-	if (!atomic_load_explicit(&cq->bell_pub, memory_order_relaxed) ||
+	if (!atomic_load_explicit(&cq->bell, memory_order_relaxed) ||
 	    now - cq->bell_swept_ns < BELL_SWEEP_NS)
 		return;
 	cq->bell_swept_ns = now;
@@ -414,7 +415,7 @@ void urdma_qp_bell_own(struct urdma_qp *qp)
 
 	/* (the deliverers' fence: published before the bell is read) */
 	atomic_thread_fence(memory_order_seq_cst);
-	b = atomic_load_explicit(&qp->rcq->bell_pub, memory_order_acquire);
+	b = atomic_load_explicit(&qp->rcq->bell, memory_order_acquire);
 	if (b && qp->bell_slot != URDMA_BELL_NONE)
 		bell_ring(b, qp->bell_slot);
 }
@@ -443,4 +444,12 @@ bool urdma_bell_ring_dest(struct urdma_shm_dest *d, struct urdma_peer *p)
 		d->bell_va = d->bell ? va : 0;
 	}
 	return d->bell && bell_ring(d->bell, READ_ONCE(d->qp->bell_slot));
+}
+
+void urdma_dest_blocks(struct urdma_shm_dest *d, struct urdma_peer *p,
+		       const struct urdma_shm_qp *h)
+{
+	d->wake = urdma_wake_map(p, READ_ONCE(h->wake_va));
+	d->bell = NULL; /* mapped when its QP's block first names one */
+	d->bell_va = 0;
 }

@@ -169,12 +169,13 @@ struct urdma_cq {
 	struct list_head ring_qps, srqs;
 	/* The bell (core/bell.c): from URDMA_BELL_MIN ring QPs on, a poll
 	 * harvests only the QPs whose slots deliverers rang, and those in
-	 * carry (without a slot).  Under lock, but for bell_pub, bell_sweep
+	 * carry (without a slot).  Under lock, but for bell, bell_sweep
 	 * and bell_swept_ns (the progress thread's). */
-	struct urdma_shm_bell *bell; /* NULL: off, ring_qps is walked */
-	_Atomic(struct urdma_shm_bell *) bell_pub; /* for our own ringers */
+	/* NULL: off, ring_qps is walked; atomic for our own ringers, who
+	 * read it without the lock (urdma_bell_of) */
+	_Atomic(struct urdma_shm_bell *) bell;
 	uint64_t bell_va;
-	_Atomic bool bell_sweep;   /* every ring QP into carry at the next look */
+	_Atomic bool bell_sweep;   /* every ring QP's slot rung at the next look */
 	uint64_t bell_swept_ns;    /* when the progress thread last asked */
 	uint32_t nring;		   /* in ring_qps */
 	struct urdma_qp **slot_qp; /* by slot: slot_cap, slot_next used */
@@ -286,8 +287,8 @@ struct urdma_shm_dest {
 	struct urdma_shm_wake *wake; /* its owner's wake block, or NULL */
 	struct urdma_shm_bell *bell; /* its CQ's bell, as of bell_va */
 	uint64_t bell_va;
-	/* Our own QP (UDP's own_dest): its CQ's bell_pub and its slot, not
-	 * what its block says. */
+	/* Our own QP (UDP's own_dest): its CQ's bell and its slot, not what
+	 * its block says. */
 	_Atomic(struct urdma_shm_bell *) *own_bell;
 	uint32_t own_slot;
 };
@@ -696,6 +697,10 @@ void urdma_cq_moderation_due(struct urdma_cq *cq, uint64_t now);
  * and then it claims notify again if it did not fire (bell.c). */
 #define URDMA_BELL_MIN 16u
 #define URDMA_BELL_NONE UINT32_MAX
+static inline struct urdma_shm_bell *urdma_bell_of(struct urdma_cq *cq)
+{
+	return atomic_load_explicit(&cq->bell, memory_order_acquire);
+}
 void urdma_bell_add(struct urdma_cq *cq, struct urdma_qp *qp);
 void urdma_bell_del(struct urdma_cq *cq, struct urdma_qp *qp);
 int urdma_bell_harvest(struct urdma_cq *cq, int num, struct ibv_wc *wc);
@@ -705,6 +710,10 @@ void urdma_bell_free(struct urdma_cq *cq);
 void urdma_bell_tick(struct urdma_cq *cq, uint64_t now);
 void urdma_qp_bell_own(struct urdma_qp *qp);
 bool urdma_bell_ring_dest(struct urdma_shm_dest *d, struct urdma_peer *p);
+/* A dest found QP block h of peer p: its owner's wake block and CQ's bell
+ * are looked for afresh (shm and shm UD attach). */
+void urdma_dest_blocks(struct urdma_shm_dest *d, struct urdma_peer *p,
+		       const struct urdma_shm_qp *h);
 
 /* qp.c */
 int urdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask);

@@ -146,9 +146,7 @@ static int shm_attach(struct urdma_qp *qp, int wait_ms)
 	if (ret)
 		goto err;
 	qp->dst.ring = (uint8_t *)h + sizeof(*h);
-	qp->dst.wake = urdma_wake_map(qp->peer, READ_ONCE(h->wake_va));
-	qp->dst.bell = NULL;
-	qp->dst.bell_va = 0;
+	urdma_dest_blocks(&qp->dst, qp->peer, h);
 	qp->dst.prod = qp->dst.done = 0; /* read on first use */
 	qp->peer_pause_ns = qp->peer_retry_ns = 0;
 	__atomic_store_n(&qp->dst.qp, h, __ATOMIC_RELEASE);

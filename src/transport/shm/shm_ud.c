@@ -64,9 +64,7 @@ static int dest_attach(struct ud_dest *u, uint32_t qpn, int wait_ms)
 	u->d.ring = (uint8_t *)h + sizeof(*h);
 	u->d.prod = u->d.done = 0;
 	u->d.gen = READ_ONCE(h->gen);
-	u->d.wake = urdma_wake_map(p, READ_ONCE(h->wake_va));
-	u->d.bell = NULL;
-	u->d.bell_va = 0;
+	urdma_dest_blocks(&u->d, p, h);
 	u->d.qp = h;
 	u->state = DEST_LIVE;
 	return 0;
