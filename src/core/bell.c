@@ -1,40 +1,43 @@
 // SPDX-License-Identifier: MIT
 /*
- * A receive CQ's bell (struct urdma_shm_bell, shared.h): a poll of a CQ
- * behind thousands of QPs costs what it costs behind one.
+ * A CQ's shared block (struct urdma_shm_bell, shared.h): its notify word,
+ * so that arming and firing a CQ cost one store however many QPs feed it,
+ * and its bell, so that a poll of a CQ behind thousands of QPs costs what
+ * it costs behind one.
  *
- * A QP with a receive ring of its own gets a slot in its receive CQ.  From
- * URDMA_BELL_MIN such QPs on, the CQ has a bell in the identity memfd, and
- * each QP's block names it and the QP's slot.  A deliverer, after it
- * published a receive completion and passed a fence (urdma_rq_notify_claim's),
- * rings the slot: its bit, then its word's bit in summary, each only if
- * clear (a load; the RMW only then).  A ring that set a bit is followed by
- * one more look at notify, if the claim found the CQ unarmed: an owner that
- * arms, fences, then polls and finds that bit clear must be fired (the
- * Dekker pair is ring, fence, notify against arm, fence, bit).  A poll follows
- * the summary words to the bits words and harvests the QPs whose bits are
- * set, and the QPs on its carry list (those without a slot), in turns.
- * A QP's bit stays set while it is busy (harvest_slot says when it goes),
- * so a QP that receives often costs its deliverer two loads of lines that
- * do not move, not two RMWs.
+ * The block is made with the CQ, and each receive QP's block names it for
+ * the QP's life (bell_va), with the QP's slot if it has a receive ring of
+ * its own (bell_slot).  A deliverer, after it published a receive
+ * completion and passed a fence, rings the slot (its bit, then its word's
+ * bit in summary, each only if clear: a load, the RMW only then), passes
+ * another fence if it set a bit, and claims notify (urdma_dest_notify).
+ * Against the owner's arm (notify stored, a fence, then the poll's look at
+ * the bits and entries) that is a Dekker pair: either the deliverer sees
+ * the arm and fires, or the owner's poll sees the completion.
+ *
+ * The owner reads the bits only from URDMA_BELL_MIN ring QPs on; below,
+ * the poll walks them all, which is as cheap.  Until then it never clears
+ * a bit, so a bit a deliverer set before waits for the first scan: the
+ * bell goes on without a sweep.  A poll follows the summary words to the
+ * bits words and harvests the QPs whose bits are set, and the QPs on its
+ * carry list (those without a slot), in turns.  A QP's bit stays set
+ * while it is busy (harvest_slot says when it goes), so a QP that
+ * receives often costs its deliverer two loads of lines that do not move,
+ * not two RMWs.
  *
  * Why nothing is lost: the owner clears a bit (an RMW) and only then looks
  * at the QP once more; a deliverer publishes, fences, and only then looks
  * at the bit.  Either the deliverer's look came after the clear, and it
  * sets the bit again, or the owner's look after the clear sees the entry.
  * The same holds between a summary bit the owner clears (summary_clear)
- * and the bits word under it.  When the bell goes on, the owner names it in
- * every QP's block, fences, and sweeps every QP once: a deliverer that read
- * no bell_va after its fence published before the sweep looks.  A ring lost
- * anyway (a peer that died between its two stores, or one that cleared
- * bits) waits for a sweep: the progress thread asks for one at most every
- * BELL_SWEEP_NS (its pass comes at least every 200 ms), and the next poll
- * makes it; a program asleep on its channel learns of it only at its next
- * event.
+ * and the bits word under it.  A ring lost anyway (a peer that died
+ * between its two stores, or one that cleared bits) waits for a sweep: the
+ * progress thread asks for one at most every BELL_SWEEP_NS (its pass comes
+ * at least every 200 ms), and the next poll makes it; a program asleep on
+ * its channel learns of it only at its next event.
  *
- * Below URDMA_BELL_MIN QPs the poll walks them all, which is as cheap.
- * The owner's own completions (TCP, UDP, a flush) ring through the CQ's
- * pointer (urdma_bell_of).
+ * The owner's own completions (TCP, UDP, a flush) ring the same block
+ * (urdma_qp_bell_own; UDP through its own dest).
  */
 #include "core/urdma.h"
 #include "transport/transport.h"
@@ -83,56 +86,43 @@ static uint32_t slot_get(struct urdma_cq *cq)
 	return cq->slot_next++;
 }
 
-/* Tell deliverers of qp's receives where to ring. */
-static void bell_name(struct urdma_cq *cq, struct urdma_qp *qp)
+int urdma_bell_new(struct urdma_cq *cq)
 {
-	if (qp->bell_slot == URDMA_BELL_NONE)
-		return;
-	qp->shm->bell_slot = qp->bell_slot;
-	atomic_store_explicit(&qp->shm->bell_va, cq->bell_va,
-			      memory_order_release);
-}
+	struct urdma_shm_bell *b = urdma_arena_alloc(sizeof(*b), &cq->shm_va);
 
-static void bell_on(struct urdma_cq *cq)
-{
-	struct urdma_shm_bell *b;
-	struct urdma_qp *qp;
-	uint64_t va;
-
-	b = urdma_arena_alloc(sizeof(*b), &va);
-	if (!b) {
-		urdma_dbg("cq %p: no bell (%m): its polls look at every QP",
-			  (void *)cq);
-		return;
-	}
+	if (!b)
+		return -errno;
 	b->magic = URDMA_BELL_MAGIC;
 	b->version = URDMA_SHM_VERSION;
-	cq->bell_va = va;
-	list_for_each_entry(qp, &cq->ring_qps, ring_node)
-		bell_name(cq, qp);
-	/* Pairs with the deliverers' fence: either one saw our bell_va, or
-	 * the sweep sees what it published. */
-	atomic_thread_fence(memory_order_seq_cst);
-	atomic_store(&cq->bell_sweep, true);
-	atomic_store_explicit(&cq->bell, b, memory_order_release);
+	cq->shm = b;
+	return 0;
 }
 
+/* A receive QP joins the CQ: its block names the CQ's (before any
+ * deliverer can find the QP), and a ring QP gets a slot. */
 void urdma_bell_add(struct urdma_cq *cq, struct urdma_qp *qp)
 {
-	cq->nring++;
-	qp->bell_slot = slot_get(cq);
-	if (qp->bell_slot == URDMA_BELL_NONE)
-		carry_add(cq, qp); /* no slot: looked at by every poll */
-	else
-		cq->slot_qp[qp->bell_slot] = qp;
-	if (urdma_bell_of(cq))
-		bell_name(cq, qp);
-	else if (cq->nring >= URDMA_BELL_MIN)
-		bell_on(cq);
+	qp->bell_slot = URDMA_BELL_NONE;
+	if (qp->ring_listed) {
+		cq->nring++;
+		qp->bell_slot = slot_get(cq);
+		if (qp->bell_slot == URDMA_BELL_NONE)
+			carry_add(cq, qp); /* no slot: looked at by every poll */
+		else
+			cq->slot_qp[qp->bell_slot] = qp;
+		/* Its bit was never cleared while off: no sweep (above). */
+		if (cq->nring >= URDMA_BELL_MIN && !urdma_bell_of(cq))
+			atomic_store_explicit(&cq->bell, cq->shm,
+					      memory_order_release);
+	}
+	qp->shm->bell_slot = qp->bell_slot;
+	qp->shm->bell_va = cq->shm_va;
 }
 
 void urdma_bell_del(struct urdma_cq *cq, struct urdma_qp *qp)
 {
+	if (!qp->ring_listed)
+		return;
 	cq->nring--;
 	if (qp->carried) {
 		qp->carried = false;
@@ -147,8 +137,7 @@ void urdma_bell_del(struct urdma_cq *cq, struct urdma_qp *qp)
 	}
 }
 
-/* The sweep asked for (the bell just went on, or the progress thread's
- * timer): every ring QP's slot rung, by us (the flag first: a ring from
+/* The sweep the progress thread's timer asked for: every ring QP's slot rung, by us (the flag first: a ring from
  * now on is seen by this look or the next).  Rung, not carried: the
  * scan's turns keep one busy QP from starving the others. */
 static void sweep_take(struct urdma_cq *cq)
@@ -368,10 +357,8 @@ uint32_t urdma_bell_ready(struct urdma_cq *cq)
 
 void urdma_bell_free(struct urdma_cq *cq)
 {
-	struct urdma_shm_bell *b = urdma_bell_of(cq);
-
-	if (b) /* peers may ring it yet: never reused */
-		urdma_arena_free(b, sizeof(*b), true);
+	/* peers may write it yet: never reused */
+	urdma_arena_free(cq->shm, sizeof(*cq->shm), true);
 	urdma_free(cq->slot_qp);
 	urdma_free(cq->slot_free);
 }
@@ -411,39 +398,56 @@ static bool bell_ring(struct urdma_shm_bell *b, uint32_t slot)
 
 void urdma_qp_bell_own(struct urdma_qp *qp)
 {
-	struct urdma_shm_bell *b;
-
 	/* (the deliverers' fence: published before the bell is read) */
 	atomic_thread_fence(memory_order_seq_cst);
-	b = atomic_load_explicit(&qp->rcq->bell, memory_order_acquire);
-	if (b && qp->bell_slot != URDMA_BELL_NONE)
-		bell_ring(b, qp->bell_slot);
+	if (qp->bell_slot != URDMA_BELL_NONE)
+		bell_ring(qp->rcq->shm, qp->bell_slot);
 }
 
-bool urdma_bell_ring_dest(struct urdma_shm_dest *d, struct urdma_peer *p)
+/* The block of d's QP's CQ, mapped when its QP's block first names it
+ * (a failure is not kept: looked for again next time). */
+static struct urdma_shm_bell *dest_bell(struct urdma_shm_dest *d,
+					struct urdma_peer *p)
 {
-	uint64_t va;
+	uint64_t va = READ_ONCE(d->qp->bell_va);
 
-	if (d->own_bell) { /* our own QP (UDP): the CQ's pointer, our slot */
-		struct urdma_shm_bell *b =
-			atomic_load_explicit(d->own_bell, memory_order_acquire);
-
-		return b && d->own_slot != URDMA_BELL_NONE &&
-		       bell_ring(b, d->own_slot);
-	}
-	if (!p)
-		return false; /* (no peer, no own pointer: nothing to ring) */
-	/* (acquire: the slot was written before it) */
-	va = atomic_load_explicit(&d->qp->bell_va, memory_order_acquire);
-	if (!va)
-		return false;
-	if (va != d->bell_va) {
-		/* (a failure is not kept: looked for again next time) */
+	if (va != d->bell_va && p) {
 		d->bell = urdma_peer_block(p, va, sizeof(*d->bell),
 					   URDMA_BELL_MAGIC);
 		d->bell_va = d->bell ? va : 0;
 	}
-	return d->bell && bell_ring(d->bell, READ_ONCE(d->qp->bell_slot));
+	return va == d->bell_va ? d->bell : NULL;
+}
+
+/* Ring d's QP's slot in b; true if it set a bit.  After the fence. */
+static bool dest_ring(struct urdma_shm_dest *d, struct urdma_shm_bell *b)
+{
+	return b && bell_ring(b, READ_ONCE(d->qp->bell_slot));
+}
+
+void urdma_dest_ring(struct urdma_shm_dest *d, struct urdma_peer *p)
+{
+	atomic_thread_fence(memory_order_seq_cst); /* published, then rung */
+	dest_ring(d, dest_bell(d, p));
+}
+
+bool urdma_dest_notify(struct urdma_shm_dest *d, struct urdma_peer *p,
+		       bool solicited)
+{
+	struct urdma_shm_bell *b;
+
+	atomic_thread_fence(memory_order_seq_cst); /* published, then rung */
+	b = dest_bell(d, p);
+	if (!b)
+		return false;
+	/* A bit set, then notify read: the Dekker pair with the arm. */
+	if (dest_ring(d, b))
+		atomic_thread_fence(memory_order_seq_cst);
+	if (!urdma_notify_take(&b->notify, solicited))
+		return false;
+	if (p) /* (our own QP, UDP's own dest: the caller fires it) */
+		atomic_store(&b->fired, 1);
+	return true;
 }
 
 void urdma_dest_blocks(struct urdma_shm_dest *d, struct urdma_peer *p,

@@ -9,12 +9,12 @@
  * and gives each its turn when the other keeps filling the polls
  * (cq_take).
  *
- * Notification: ibv_req_notify_cq arms the CQ and sets 'notify' in the
- * shared block of each of its receive QPs; a poll that leaves completions
- * on a CQ so armed fires it (cq_fire_left_locked).  A local producer fires
- * the channel directly; a remote deliverer clears 'notify', sets
- * 'notify_fired' and wakes our progress thread, which fires the channel
- * (urdma_cq_notify).
+ * Notification: ibv_req_notify_cq arms the CQ and sets 'notify' in its
+ * shared block (core/bell.c); a poll that leaves completions on a CQ so
+ * armed fires it (cq_fire_left_locked).  A local producer fires the
+ * channel directly; a remote deliverer claims 'notify', sets 'fired' and
+ * wakes a thread of ours asleep in ibv_get_cq_event, or our progress
+ * thread, which fires the channel (urdma_cq_take_fired).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -128,15 +128,13 @@ static bool cq_holds_locked(struct urdma_cq *cq)
 	return false;
 }
 
-/* Tell deliverers whether the CQ is armed: in the blocks of its receive
- * QPs and XRC SRQs.  Under cq->lock. */
+/* Tell deliverers whether the CQ is armed: in its shared block, and in
+ * those of its XRC SRQs.  Under cq->lock. */
 static void cq_arm_shared(struct urdma_cq *cq, int mode)
 {
 	struct urdma_srq *srq;
-	struct urdma_qp *qp;
 
-	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
-		atomic_store(&qp->shm->notify, mode);
+	atomic_store(&cq->shm->notify, mode);
 	list_for_each_entry(srq, &cq->xrc_srqs, cq_node)
 		atomic_store(&srq->shm->notify, mode);
 }
@@ -282,7 +280,8 @@ struct urdma_cq *urdma_cq_new(struct ibv_context *context, int cqe,
 	}
 	cq->size = roundup_pow2(cqe);
 	cq->ring = urdma_zalloc_array(cq->size, sizeof(*cq->ring));
-	if (!cq->ring) {
+	if (!cq->ring || urdma_bell_new(cq)) {
+		urdma_free(cq->ring);
 		urdma_free(cq);
 		errno = ENOMEM;
 		return NULL;
@@ -468,15 +467,25 @@ void urdma_cq_notify(struct urdma_cq *cq)
 	pthread_mutex_unlock(&cq->lock);
 }
 
-int urdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
+/* A peer claimed the CQ's notify (its block's 'fired'): fire it. */
+void urdma_cq_take_fired(struct urdma_cq *cq)
 {
-	struct urdma_cq *cq = to_ucq(ibcq);
-	struct urdma_qp *qp;
-	int mode = solicited_only ? URDMA_NOTIFY_SOLICITED : URDMA_NOTIFY_ANY;
+	_Atomic uint32_t *f = &cq->shm->fired;
 
-	pthread_mutex_lock(&cq->lock);
-	cq->armed = mode;
-	cq_arm_shared(cq, mode);
+	if (atomic_load_explicit(f, memory_order_relaxed) &&
+	    atomic_exchange(f, 0))
+		urdma_cq_notify(cq);
+}
+
+/* Tell the CQ's QPs whose transports poll (TCP, UDP: they have tr->armed)
+ * that the application may go to sleep.  Under cq->lock; no walk when
+ * none does. */
+static void cq_armed_transports(struct urdma_cq *cq)
+{
+	struct urdma_qp *qp;
+
+	if (!atomic_load_explicit(&cq->polled_qps, memory_order_relaxed))
+		return;
 	list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
 		/* Read once: qp_disconnect clears it under the send CQ's lock
 		 * only, then passes through this one before the transport
@@ -487,8 +496,19 @@ int urdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 		if (tr && tr->armed)
 			tr->armed(qp);
 	}
-	/* Pairs with the fence in the deliverer (responder_notify): armed
-	 * before the caller's next poll reads the entries' tags. */
+}
+
+int urdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
+{
+	struct urdma_cq *cq = to_ucq(ibcq);
+	int mode = solicited_only ? URDMA_NOTIFY_SOLICITED : URDMA_NOTIFY_ANY;
+
+	pthread_mutex_lock(&cq->lock);
+	cq->armed = mode;
+	cq_arm_shared(cq, mode);
+	cq_armed_transports(cq);
+	/* Pairs with the fence in the deliverer (urdma_dest_notify): armed
+	 * before the caller's next poll reads the bits and entries. */
 	atomic_thread_fence(memory_order_seq_cst);
 	pthread_mutex_unlock(&cq->lock);
 	return 0;

@@ -241,14 +241,10 @@ struct ibv_qp *urdma_qp_create(struct ibv_context *context,
 	pthread_mutex_unlock(&scq->lock);
 	pthread_mutex_lock(&rcq->lock);
 	list_add_tail(&qp->rcq_node, &rcq->recv_qps);
-	qp->bell_slot = URDMA_BELL_NONE;
 	qp->ring_listed = rq && !qp->srq;
-	if (qp->ring_listed) {
+	if (qp->ring_listed)
 		list_add_tail(&qp->ring_node, &rcq->ring_qps);
-		urdma_bell_add(rcq, qp);
-	}
-	/* A CQ armed before this QP existed is armed for it too. */
-	atomic_store(&qp->shm->notify, rcq->armed);
+	urdma_bell_add(rcq, qp); /* (its notify too) */
 	pthread_mutex_unlock(&rcq->lock);
 	atomic_fetch_add(&scq->usecnt, 1);
 	atomic_fetch_add(&rcq->usecnt, 1);
@@ -400,10 +396,9 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	pthread_mutex_unlock(&scq->lock);
 	pthread_mutex_lock(&rcq->lock);
 	list_del(&qp->rcq_node);
-	if (qp->ring_listed) {
+	urdma_bell_del(rcq, qp);
+	if (qp->ring_listed)
 		list_del(&qp->ring_node);
-		urdma_bell_del(rcq, qp);
-	}
 	pthread_mutex_unlock(&rcq->lock);
 	cq_forget_qp(scq, qp);
 	if (rcq != scq)

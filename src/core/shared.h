@@ -43,7 +43,7 @@
 #include <stdint.h>
 
 #define URDMA_SHM_MAGIC 0x75726d61u /* "urma" */
-#define URDMA_SHM_VERSION 14u
+#define URDMA_SHM_VERSION 15u
 #define URDMA_CACHELINE 64
 
 /* MR table: key = (index << URDMA_MR_TAG_BITS) | random tag.  The index
@@ -204,7 +204,7 @@ struct urdma_shm_qp {
 	uint32_t rq_max_sge;
 	uint32_t rq_offset; /* sizeof(struct urdma_shm_qp) */
 	uint32_t max_dest_rd_atomic;
-	_Atomic uint32_t notify; /* URDMA_NOTIFY_*: owner's recv CQ is armed */
+	uint32_t pad0;
 	/* A QP on an SRQ: receives come from the SRQ's block, [srq_va,
 	 * srq_va + srq_bytes) of the same identity memfd (srq_bytes 0: none).
 	 * Its own ring then has one unused entry. */
@@ -224,15 +224,16 @@ struct urdma_shm_qp {
 	/* The owner context's wake block (struct urdma_shm_wake), in the
 	 * same identity memfd; 0: none. */
 	uint64_t wake_va;
-	/* Its receive CQ's bell (struct urdma_shm_bell) and this QP's slot
-	 * in it, once the CQ has one: a deliverer rings the slot after each
-	 * receive it completes.  0: none (the CQ looks at every QP). */
-	_Atomic uint64_t bell_va;
+	/* Its receive CQ's block (struct urdma_shm_bell) and this QP's slot
+	 * in its bell (URDMA_BELL_NONE: none, on an SRQ), for the QP's life:
+	 * a deliverer rings the slot after each receive it completes, then
+	 * claims the CQ's notify. */
+	uint64_t bell_va;
 	uint32_t bell_slot;
 	/* Written by deliverers. */
 	alignas(URDMA_CACHELINE) _Atomic uint32_t error_req; /* please enter ERR */
 	_Atomic uint32_t rnr_waiter; /* wake the peer on the next post_recv */
-	_Atomic uint32_t notify_fired; /* a deliverer consumed 'notify' */
+	uint32_t pad1;
 	_Atomic uint32_t ud_drops; /* UD: datagrams no receive took */
 	/* UD: the ring's many writers take turns: 0, or the pid of the one
 	 * writing (compare-and-swap; transport/ud.c). */
@@ -247,21 +248,33 @@ struct urdma_shm_qp {
 static_assert(sizeof(struct urdma_shm_qp) == 5 * URDMA_CACHELINE, "qp header");
 
 /*
- * A receive CQ's bell, once URDMA_BELL_MIN QPs with receive rings of
- * their own complete into it: a poll then does not look at each of them.
- * A deliverer that completed a receive of a QP rings the QP's slot (bell_va
- * and bell_slot of its block): bit slot % 64 of bits[slot / 64], then bit
- * (slot / 64) % 64 of summary[slot / 4096], each only if clear; the owner
+ * A CQ's shared block, made with the CQ: what deliverers in other
+ * processes write for a CQ they cannot reach otherwise.
+ *
+ * notify: URDMA_NOTIFY_*, the CQ armed.  The owner stores it at each
+ * ibv_req_notify_cq and clears it when the CQ fires; a deliverer that
+ * completed a receive into the CQ claims it (compare: exchange to NONE)
+ * and, if it was armed, sets fired and wakes the owner, who fires the CQ.
+ * One word per CQ, so an arm costs a store, however many QPs feed it.
+ *
+ * The bell: a bit per receive QP with a ring of its own (the slot named in
+ * its block), bit slot % 64 of bits[slot / 64], then bit (slot / 64) % 64
+ * of summary[slot / 4096], each set by a deliverer only if clear; the owner
  * follows the summary words to the bits words and harvests those QPs, and
- * clears a bit when its QP has been idle a while (core/bell.c).  Peers
- * write it: a bit rung for nothing costs a harvest.  Pages never reused
- * while the process lives (a peer may ring after the CQ is gone).
+ * clears a bit when its QP has been idle a while (core/bell.c).  Rung
+ * always; read once the CQ has URDMA_BELL_MIN such QPs.
+ *
+ * Peers write it: a bit rung for nothing costs a harvest, a fired for
+ * nothing an event the CQ was armed for anyway.  Never reused while the
+ * process lives (a peer may write it after the CQ is gone).
  */
 #define URDMA_BELL_MAGIC 0x7562656cu /* "ubel" */
 #define URDMA_BELL_SLOTS 65536u
 struct urdma_shm_bell {
 	uint32_t magic; /* written by the owner only */
 	uint32_t version;
+	alignas(URDMA_CACHELINE) _Atomic uint32_t notify;
+	_Atomic uint32_t fired;
 	alignas(URDMA_CACHELINE) _Atomic uint64_t summary[URDMA_BELL_SLOTS / 4096];
 	alignas(URDMA_CACHELINE) _Atomic uint64_t bits[URDMA_BELL_SLOTS / 64];
 };
@@ -269,7 +282,7 @@ struct urdma_shm_bell {
 /*
  * A context's wake block: a thread of the owner asleep in
  * ibv_get_cq_event waits on seq (a futex), counted in sleepers.  A
- * deliverer that consumed the 'notify' of one of its QPs sets fired and,
+ * deliverer that consumed the 'notify' of one of its CQs sets fired and,
  * if anyone sleeps, bumps seq and wakes them: the owner's thread fires the
  * CQ itself, one wake-up instead of two (its progress thread, then it).
  * With nobody asleep the deliverer wakes the progress thread as before.

@@ -328,29 +328,11 @@ static void sq_run(struct urdma_qp *qp)
 }
 
 /* A receive's notification held back for the completions retired now
- * (urdma_qp_notify_recv), or a peer's (notify_fired): fired after them. */
+ * (urdma_qp_notify_recv): fired after them. */
 static void fire_held(struct urdma_qp *qp)
 {
-	struct urdma_shm_qp *s = qp->shm;
-
-	if (atomic_load(&s->notify_fired) && atomic_exchange(&s->notify_fired, 0))
+	if (atomic_load(&qp->fire_held) && atomic_exchange(&qp->fire_held, 0))
 		urdma_cq_notify(qp->rcq);
-}
-
-/* A peer fired qp's CQ (notify_fired), and our progress thread was not
- * woken for it (wake.c): fire it here, as urdma_qp_maintain does.  Send
- * completions marked before it go first: then the progress thread runs
- * the engine and fires it (the engine may send over TCP, and must not
- * wait for socket room here, under the context's lock).  Under the
- * context's lock. */
-void urdma_qp_take_fired(struct urdma_qp *qp)
-{
-	if (!atomic_load(&qp->shm->notify_fired))
-		return;
-	if (atomic_load(&qp->sq_async))
-		urdma_progress_kick();
-	else
-		fire_held(qp);
 }
 
 /* The engine, and a receive's event held for the completions it retires
@@ -382,7 +364,7 @@ void urdma_qp_notify_recv(struct urdma_qp *qp)
 {
 	if (atomic_load(&qp->sq_async)) {
 		if (running_qp == qp || pthread_mutex_trylock(&qp->sq_lock)) {
-			atomic_store(&qp->shm->notify_fired, 1);
+			atomic_store(&qp->fire_held, 1);
 			urdma_progress_kick();
 			return;
 		}
@@ -544,7 +526,7 @@ bool urdma_qp_maintain(struct urdma_qp *qp)
 	if (!atomic_load(&qp->sq_async))
 		fire_held(qp);
 	return again || qp->sq_pending || atomic_load(&qp->sq_async) ||
-	       atomic_load(&s->notify_fired);
+	       atomic_load(&qp->fire_held);
 }
 
 void urdma_qp_release(struct urdma_qp *qp)

@@ -167,14 +167,16 @@ struct urdma_cq {
 	 * others receive from, each once (struct urdma_cq_srq).  A poll
 	 * walks neither the QPs on an SRQ nor an SRQ once per QP. */
 	struct list_head ring_qps, srqs;
+	/* The CQ's shared block (struct urdma_shm_bell, shared.h), for its
+	 * life: the notify word deliverers claim, and the bell they ring. */
+	struct urdma_shm_bell *shm;
+	uint64_t shm_va;
 	/* The bell (core/bell.c): from URDMA_BELL_MIN ring QPs on, a poll
 	 * harvests only the QPs whose slots deliverers rang, and those in
 	 * carry (without a slot).  Under lock, but for bell, bell_sweep
 	 * and bell_swept_ns (the progress thread's). */
-	/* NULL: off, ring_qps is walked; atomic for our own ringers, who
-	 * read it without the lock (urdma_bell_of) */
+	/* NULL: off, ring_qps is walked; else shm */
 	_Atomic(struct urdma_shm_bell *) bell;
-	uint64_t bell_va;
 	_Atomic bool bell_sweep;   /* every ring QP's slot rung at the next look */
 	uint64_t bell_swept_ns;    /* when the progress thread last asked */
 	uint32_t nring;		   /* in ring_qps */
@@ -285,12 +287,10 @@ struct urdma_shm_dest {
 	uint32_t gen;	     /* the block's, when found */
 	uint32_t epoch;	     /* its rq_epoch when prod was read */
 	struct urdma_shm_wake *wake; /* its owner's wake block, or NULL */
-	struct urdma_shm_bell *bell; /* its CQ's bell, as of bell_va */
+	/* its CQ's block, as of bell_va (mapped at the first receive; our
+	 * own QP's, UDP's own_dest: set, with bell_va) */
+	struct urdma_shm_bell *bell;
 	uint64_t bell_va;
-	/* Our own QP (UDP's own_dest): its CQ's bell and its slot, not what
-	 * its block says. */
-	_Atomic(struct urdma_shm_bell *) *own_bell;
-	uint32_t own_slot;
 };
 
 /* What the owner posted in a receive slot: the shared ring has the SGEs
@@ -403,6 +403,9 @@ struct urdma_qp {
 	struct list_head carry_node;
 	uint32_t bell_slot;	     /* in rcq's bell; URDMA_BELL_NONE: none */
 	uint32_t bell_idle;	     /* looks that found it empty (bell.c) */
+	/* A receive's event held for the send completions before it
+	 * (urdma_qp_notify_recv): its CQ fires once they are retired. */
+	_Atomic uint32_t fire_held;
 	struct ibv_qp_attr attr; /* as last set */
 	struct ibv_qp_cap cap;
 	bool sq_sig_all;
@@ -683,24 +686,34 @@ void urdma_cq_push(struct urdma_cq *cq, const struct ibv_wc *wc,
 void urdma_cq_push_as(struct urdma_cq *cq, const struct ibv_wc *wc,
 		      struct urdma_qp *qp, uint32_t retire, bool fire);
 void urdma_cq_notify(struct urdma_cq *cq);
+void urdma_cq_take_fired(struct urdma_cq *cq);
+/* Armed, and not fired yet (URDMA_NOTIFY_*): read without the lock. */
+static inline uint32_t urdma_cq_armed(struct urdma_cq *cq)
+{
+	return atomic_load(&cq->shm->notify);
+}
 int urdma_modify_cq(struct ibv_cq *cq, struct ibv_modify_cq_attr *attr);
 void urdma_cq_moderation_due(struct urdma_cq *cq, uint64_t now);
 
-/* The receive CQ's bell (bell.c; struct urdma_shm_bell).  The owner's
- * side, under cq->lock, once cq->bell is on: a ring QP joins or leaves
- * the CQ (the bell goes on at URDMA_BELL_MIN of them); the poll's harvest
- * of the QPs rung or carried, whether one holds a completion, how many
- * they hold; the CQ ends.  tick: the progress thread asks for a sweep now
- * and then (a ring a peer lost).  own: a receive of qp completed in this
- * process (TCP, a flush).  ring_dest: a deliverer completed a receive of
- * d's QP, after a fence (urdma_rq_notify_claim's): true if it set a bit,
- * and then it claims notify again if it did not fire (bell.c). */
+/* The CQ's shared block (bell.c; struct urdma_shm_bell): made with the
+ * CQ (new), freed with it.  The owner's side, under cq->lock: a receive
+ * QP joins or leaves the CQ (its block names the CQ's; a ring QP gets a
+ * slot, and the bell goes on at URDMA_BELL_MIN of them); once cq->bell is
+ * on, the poll's harvest of the QPs rung or carried, whether one holds a
+ * completion, how many they hold.  tick: the progress thread asks for a
+ * sweep now and then (a ring a peer lost).  own: a receive of qp
+ * completed in this process (TCP, a flush).  A deliverer that published a
+ * receive of d's QP: dest_notify rings the bell and claims the CQ's
+ * notify (true: armed; 'fired' set, wake the owner, or with p NULL, our
+ * own QP's, fire it); dest_ring only rings
+ * (a receive with no event). */
 #define URDMA_BELL_MIN 16u
 #define URDMA_BELL_NONE UINT32_MAX
 static inline struct urdma_shm_bell *urdma_bell_of(struct urdma_cq *cq)
 {
 	return atomic_load_explicit(&cq->bell, memory_order_acquire);
 }
+int urdma_bell_new(struct urdma_cq *cq);
 void urdma_bell_add(struct urdma_cq *cq, struct urdma_qp *qp);
 void urdma_bell_del(struct urdma_cq *cq, struct urdma_qp *qp);
 int urdma_bell_harvest(struct urdma_cq *cq, int num, struct ibv_wc *wc);
@@ -709,7 +722,9 @@ uint32_t urdma_bell_ready(struct urdma_cq *cq);
 void urdma_bell_free(struct urdma_cq *cq);
 void urdma_bell_tick(struct urdma_cq *cq, uint64_t now);
 void urdma_qp_bell_own(struct urdma_qp *qp);
-bool urdma_bell_ring_dest(struct urdma_shm_dest *d, struct urdma_peer *p);
+bool urdma_dest_notify(struct urdma_shm_dest *d, struct urdma_peer *p,
+		       bool solicited);
+void urdma_dest_ring(struct urdma_shm_dest *d, struct urdma_peer *p);
 /* A dest found QP block h of peer p: its owner's wake block and CQ's bell
  * are looked for afresh (shm and shm UD attach). */
 void urdma_dest_blocks(struct urdma_shm_dest *d, struct urdma_peer *p,
@@ -726,8 +741,10 @@ void urdma_qp_wr_mark(struct urdma_qp *qp, uint32_t idx,
 		      enum ibv_wc_status status);
 void urdma_qp_wr_kick(struct urdma_qp *qp);
 void urdma_qp_notify_recv(struct urdma_qp *qp);
-void urdma_qp_take_fired(struct urdma_qp *qp);
 void urdma_progress_take_fired(void);
+/* wake.c, for the progress thread: a peer marked CQs fired; fire them. */
+bool urdma_wake_fired(void);
+void urdma_wake_take_fired(void);
 
 /* wake.c */
 void urdma_wake_init(void);

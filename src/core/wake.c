@@ -10,7 +10,7 @@
  * ibv_get_cq_event (the channel fd blocking, nothing queued) sleeps on a
  * futex in the process's wake block (shared.h, struct urdma_shm_wake),
  * which every QP's block names; the peer bumps it and wakes the thread,
- * which fires the CQs its peers marked (notify_fired) itself.  With nobody
+ * which fires the CQs its peers marked (their blocks' 'fired') itself.  With nobody
  * asleep there, peers wake the progress thread as before, so programs that
  * poll() or epoll the channel fd are served the old way.
  *
@@ -31,7 +31,7 @@
  * futex word is shared, so a peer that rewinds seq can hold a sleeper
  * until the wait's timeout: a lost wake-up costs WAKE_CHECK_NS, not a
  * hang.  A peer that keeps setting 'fired' costs us CPU: each wake-up
- * walks the process's QPs, as the progress thread's pass does.
+ * walks the process's CQs.
  *
  * Cancellation: read() on the eventfd was a cancellation point, and rping
  * cancels its CQ thread there.  The futex wait is made one (asynchronous
@@ -120,7 +120,7 @@ struct urdma_shm_wake *urdma_wake_map(struct urdma_peer *p, uint64_t va)
 				URDMA_WAKE_MAGIC);
 }
 
-/* A peer fired one of w's owner's QPs (its notify_fired is set): wake a
+/* A peer fired one of w's owner's CQs (its block's 'fired' is set): wake a
  * thread of it asleep in ibv_get_cq_event.  False if none is (by the
  * hint): the caller wakes its progress thread. */
 bool urdma_wake_owner(struct urdma_shm_wake *w)
@@ -202,6 +202,21 @@ static bool fired_take(struct urdma_shm_wake *w)
 		return false;
 	urdma_progress_take_fired();
 	return true;
+}
+
+bool urdma_wake_fired(void)
+{
+	struct urdma_shm_wake *w = atomic_load(&wake_blk);
+
+	return w && atomic_load_explicit(&w->fired, memory_order_relaxed);
+}
+
+void urdma_wake_take_fired(void)
+{
+	struct urdma_shm_wake *w = atomic_load(&wake_blk);
+
+	if (w)
+		fired_take(w);
 }
 
 /* Until ch has an event queued (0) or a signal comes (-1, EINTR): the

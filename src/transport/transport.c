@@ -470,20 +470,24 @@ void urdma_ring_publish(struct urdma_shm_qp *q, struct urdma_shm_rqe *e,
 	atomic_store_explicit(&q->rq_done, idx + 1, memory_order_release);
 }
 
-bool urdma_rq_notify_claim(_Atomic uint32_t *notify, bool solicited)
+bool urdma_notify_take(_Atomic uint32_t *notify, bool solicited)
 {
-	uint32_t n;
+	uint32_t n = atomic_load_explicit(notify, memory_order_relaxed);
 
-	/* Dekker with urdma_req_notify_cq: our rq_done store must be visible
-	 * before we read 'notify', or an owner that arms and then polls can
-	 * miss both the completion and the event (x86 reorders a store with
-	 * a later load). */
-	atomic_thread_fence(memory_order_seq_cst);
-	n = atomic_load_explicit(notify, memory_order_relaxed);
 	if (n != URDMA_NOTIFY_ANY && !(n == URDMA_NOTIFY_SOLICITED && solicited))
 		return false;
 	return atomic_exchange(notify, URDMA_NOTIFY_NONE) !=
 	       URDMA_NOTIFY_NONE;
+}
+
+bool urdma_rq_notify_claim(_Atomic uint32_t *notify, bool solicited)
+{
+	/* Dekker with urdma_req_notify_cq: our completion must be visible
+	 * before we read 'notify', or an owner that arms and then polls can
+	 * miss both the completion and the event (x86 reorders a store with
+	 * a later load). */
+	atomic_thread_fence(memory_order_seq_cst);
+	return urdma_notify_take(notify, solicited);
 }
 
 uint64_t urdma_atomic_apply(uint64_t *p, bool cas, uint64_t compare_add,

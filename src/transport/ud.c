@@ -123,7 +123,7 @@ enum urdma_ud_res urdma_ud_deliver(struct urdma_shm_dest *d,
 	uint64_t len = URDMA_GRH_BYTES + (uint64_t)m->len, room = 0;
 	struct urdma_shm_rcv r;
 	struct urdma_shm_rqe *e;
-	bool solicited, fire;
+	bool solicited;
 	int nd = 0, ret;
 
 	*tell = 0;
@@ -183,22 +183,14 @@ enum urdma_ud_res urdma_ud_deliver(struct urdma_shm_dest *d,
 	if (rx_status == IBV_WC_LOC_PROT_ERR) {
 		/* A receive it can't use puts the receiver in error (its poll
 		 * finds the completion: the bell). */
-		atomic_thread_fence(memory_order_seq_cst);
-		urdma_bell_ring_dest(d, dpeer);
+		urdma_dest_ring(d, dpeer);
 		atomic_store(&t->error_req, 1);
 		*tell = URDMA_UD_ERROR;
 		return URDMA_UD_DONE;
 	}
 	solicited = m->solicited || rx_status != IBV_WC_SUCCESS;
-	fire = urdma_rq_notify_claim(&t->notify, solicited);
-	/* The CQ's bell, after the claim's fence; a ring that set a bit looks
-	 * at notify once more (core/bell.c). */
-	if (urdma_bell_ring_dest(d, dpeer) && !fire)
-		fire = urdma_rq_notify_claim(&t->notify, solicited);
-	if (fire) {
-		atomic_store(&t->notify_fired, 1);
+	if (urdma_dest_notify(d, dpeer, solicited)) /* (core/bell.c) */
 		*tell = URDMA_UD_NOTIFY;
-	}
 	return URDMA_UD_DONE;
 }
 

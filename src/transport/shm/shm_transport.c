@@ -253,19 +253,11 @@ static void responder_notify(struct urdma_qp *qp, bool solicited)
 		}
 		return;
 	}
-	bool fire = urdma_rq_notify_claim(&qp->dst.qp->notify, solicited);
-
-	/* Its CQ's bell, after the claim's fence and before the owner is
-	 * woken; a ring that set a bit looks at notify once more (bell.c). */
-	if (urdma_bell_ring_dest(&qp->dst, qp->peer) && !fire)
-		fire = urdma_rq_notify_claim(&qp->dst.qp->notify, solicited);
-	if (fire) {
-		atomic_store(&qp->dst.qp->notify_fired, 1);
-		/* a thread of it asleep in ibv_get_cq_event fires it, or its
-		 * progress thread does */
-		if (!urdma_wake_owner(qp->dst.wake))
-			urdma_peer_wake(qp->peer);
-	}
+	/* its CQ's bell rung, its notify claimed (core/bell.c); a thread of
+	 * it asleep in ibv_get_cq_event fires it, or its progress thread */
+	if (urdma_dest_notify(&qp->dst, qp->peer, solicited) &&
+	    !urdma_wake_owner(qp->dst.wake))
+		urdma_peer_wake(qp->peer);
 }
 
 /* The completion flags of a receive that w fills. */
@@ -554,8 +546,7 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 		 * does not (IBA's UC error classes). */
 		if (rx_status == IBV_WC_LOC_PROT_ERR) {
 			/* (no event, but its poll finds the completion) */
-			atomic_thread_fence(memory_order_seq_cst);
-			urdma_bell_ring_dest(&qp->dst, qp->peer);
+			urdma_dest_ring(&qp->dst, qp->peer);
 			responder_error(qp);
 		} else
 			responder_notify(qp,

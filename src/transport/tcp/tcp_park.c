@@ -39,7 +39,7 @@ bool tcp_app_polling(struct tcp_conn *c)
 /* The hold of a receive pass the progress thread runs (HOLD_NEAR_NS). */
 uint64_t tcp_progress_hold_ns(struct tcp_conn *c)
 {
-	return tcp_app_polling(c) && c->qp && !atomic_load(&c->qp->shm->notify) ?
+	return tcp_app_polling(c) && c->qp && !urdma_cq_armed(c->qp->rcq) ?
 		       HOLD_NEAR_NS :
 		       0;
 }
@@ -251,7 +251,7 @@ void tcp_poll(struct urdma_qp *qp)
 	 * a Write still to come, and tcp_maintain had to unpark): then, as
 	 * for anything else received (an answer), the stream goes back
 	 * now. */
-	if (!c->qp || atomic_load(&c->qp->shm->notify)) {
+	if (!c->qp || urdma_cq_armed(c->qp->rcq)) {
 		conn_park(c, false); /* the application is about to sleep */
 	} else if (quiet) {
 		conn_park(c, true);

@@ -215,7 +215,8 @@ static void rq_notify(struct tcp_conn *c)
 	if (!c->note)
 		return;
 	c->note = c->note_solicited = false;
-	if (c->qp && urdma_rq_notify_claim(&c->qp->shm->notify, solicited))
+	if (c->qp && urdma_rq_notify_claim(&c->qp->rcq->shm->notify,
+					   solicited))
 		urdma_qp_notify_recv(c->qp);
 }
 

@@ -583,7 +583,7 @@ bool tcp_maintain(struct urdma_qp *qp)
 			bool away = !tcp_app_polling(c);
 
 			left = away && atomic_load(&c->tx_parked) == TXP_RECV;
-			if (away || atomic_load(&qp->shm->notify)) {
+			if (away || urdma_cq_armed(qp->rcq)) {
 				conn_park(c, false);
 				unread = true;
 			}

@@ -137,8 +137,8 @@ static void own_dest(struct urdma_qp *qp, struct urdma_shm_dest *d)
 		.ring = (uint8_t *)qp->shm + sizeof(*qp->shm),
 		.rq = qp->rq,
 		.gen = qp->shm->gen,
-		.own_bell = &qp->rcq->bell,
-		.own_slot = qp->bell_slot,
+		.bell = qp->rcq->shm,
+		.bell_va = qp->rcq->shm_va,
 	};
 	/* (qp->srq stays while the QP is bound: qpn_unbind comes first) */
 	if (qp->srq) {
