@@ -264,7 +264,6 @@ struct urdma_cq *urdma_cq_new(struct ibv_context *context, int cqe,
 			      struct ibv_comp_channel *channel,
 			      uint32_t comp_vector)
 {
-	struct urdma_context *uctx = to_uctx(context);
 	struct urdma_cq *cq;
 
 	if (cqe < 1 || cqe > URDMA_MAX_CQE ||
@@ -303,9 +302,7 @@ struct urdma_cq *urdma_cq_new(struct ibv_context *context, int cqe,
 		cq->chan = to_uchan(channel);
 		__atomic_add_fetch(&channel->refcnt, 1, __ATOMIC_ACQ_REL);
 	}
-	pthread_mutex_lock(&uctx->lock);
-	list_add_tail(&cq->node, &uctx->cqs);
-	pthread_mutex_unlock(&uctx->lock);
+	urdma_progress_add_cq(cq);
 	return cq;
 }
 
@@ -376,9 +373,7 @@ int urdma_destroy_cq(struct ibv_cq *ibcq)
 	urdma_async_release(uctx, ibcq, &cq->async_reported,
 			    &ibcq->async_events_completed, &ibcq->mutex, &ibcq->cond,
 			    &cq->async_gone);
-	pthread_mutex_lock(&uctx->lock);
-	list_del(&cq->node);
-	pthread_mutex_unlock(&uctx->lock);
+	urdma_progress_del_cq(cq);
 	if (cq->chan) {
 		struct urdma_channel *ch = cq->chan;
 

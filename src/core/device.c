@@ -303,7 +303,6 @@ struct ibv_context *urdma_open_device(struct ibv_device *dev)
 	pthread_mutex_init(&uctx->ev_lock, NULL);
 	pthread_mutex_init(&uctx->lid_lock, NULL);
 	list_init(&uctx->qps);
-	list_init(&uctx->cqs);
 	list_init(&uctx->srqs);
 	uctx->vctx.sz = sizeof(struct verbs_context);
 	uctx->vctx.query_port = ctx_query_port;

@@ -71,7 +71,6 @@ struct urdma_context {
 	struct list_head node; /* in the progress thread's list */
 	struct list_head qps;
 	_Atomic int nqps; /* QPs created and not destroyed: max_qp at most */
-	struct list_head cqs;
 	struct list_head srqs;
 	/* Memory windows' state, innermost of all locks (sq_lock, CQ locks
 	 * are outer): mrs[] is written under lock and mw_lock both, so
@@ -160,7 +159,7 @@ struct urdma_cq {
 	struct urdma_cqe *ring;
 	uint32_t size; /* power of two */
 	uint32_t head, tail;
-	struct list_head node; /* in context.cqs */
+	struct list_head node; /* in the process's list (progress.c) */
 	struct list_head send_qps, recv_qps;
 	/* Of recv_qps, those with a receive ring of their own (not on an
 	 * SRQ): what a poll harvests (qp->ring_node).  And the SRQs the
@@ -878,6 +877,8 @@ int urdma_qp_error_if_live(struct ibv_context *ctx, struct ibv_qp *ibqp,
 void urdma_release_held(void);
 extern _Atomic int urdma_held_qps; /* qp.c */
 void urdma_progress_del_ctx(struct urdma_context *uctx);
+void urdma_progress_add_cq(struct urdma_cq *cq);
+void urdma_progress_del_cq(struct urdma_cq *cq);
 void urdma_progress_kick(void);
 /* Is this the progress thread? */
 bool urdma_progress_self(void);
