@@ -12,6 +12,11 @@
  *   api_bench stream urdma HOST:PORT 8 N            one-way messages per
  *                                                   second (millions)
  *
+ * API_CONNS=C (lat, urdma; both sides): the client opens C connections
+ * and takes the round trips over each in turn, as an event-driven server
+ * with many clients sees them; each connection's queue is 4 deep then,
+ * its buffers 4 KiB.
+ *
  * tcp is kernel sockets, rs the same code on rsockets (<rdma/rsocket.h>).
  * Both sides block in the library's own waits (urdma_poll with a timeout;
  * read/write on blocking sockets with TCP_NODELAY).  The last line of a
@@ -51,7 +56,18 @@ static int die(const char *what)
 	exit(1);
 }
 
-static const urdma_cfg cfg = { .buf_size = MAX_SIZE, .buf_count = 1024 };
+static urdma_cfg cfg = { .buf_size = MAX_SIZE, .buf_count = 1024 };
+static int nconns = 1;
+
+static void cfg_conns(void)
+{
+	const char *e = getenv("API_CONNS");
+
+	nconns = e && atoi(e) > 1 ? atoi(e) : 1;
+	if (nconns > 1)
+		cfg = (urdma_cfg){ .queue_depth = 4, .buf_size = 4096,
+				   .buf_count = 8 * (uint32_t)nconns + 1024 };
+}
 
 /* ---- urdma ---- */
 
@@ -86,18 +102,23 @@ static void urdma_serve(const char *port)
 static double urdma_run(const char *addr, size_t size, long n, int window)
 {
 	urdma_ctx *ctx = urdma_ctx_create(&cfg);
-	urdma_conn *c = ctx ? urdma_connect(ctx, addr, NULL, 0, NULL) : NULL;
+	urdma_conn **c = calloc((size_t)nconns, sizeof(*c));
 	char *msg = calloc(1, size);
 	long sent = 0, got = 0, warm = n / 10;
 	double t0 = 0;
 	urdma_event ev[32];
 
-	if (!c || urdma_wait(ctx, c, URDMA_EV_CONNECTED, ev, 5000) ||
-	    ev[0].type != URDMA_EV_CONNECTED)
-		die("urdma_connect");
+	for (int i = 0; ctx && c && i < nconns; i++) {
+		c[i] = urdma_connect(ctx, addr, NULL, 0, NULL);
+		if (!c[i] || urdma_wait(ctx, c[i], URDMA_EV_CONNECTED, ev, 20000) ||
+		    ev[0].type != URDMA_EV_CONNECTED)
+			die("urdma_connect");
+	}
+	if (!ctx || !c)
+		die("urdma_ctx_create");
 	while (got < n + warm) {
 		while (sent - got < window && sent < n + warm) {
-			if (urdma_send(c, msg, size, NULL))
+			if (urdma_send(c[sent % nconns], msg, size, NULL))
 				die("urdma_send");
 			sent++;
 		}
@@ -116,8 +137,10 @@ static double urdma_run(const char *addr, size_t size, long n, int window)
 		}
 	}
 	t0 = now_s() - t0;
-	urdma_close(c);
-	urdma_wait(ctx, c, URDMA_EV_CLOSED, ev, 2000);
+	for (int i = 0; i < nconns; i++) {
+		urdma_close(c[i]);
+		urdma_wait(ctx, c[i], URDMA_EV_CLOSED, ev, 2000);
+	}
 	urdma_ctx_destroy(ctx);
 	return t0;
 }
@@ -269,6 +292,7 @@ int main(int argc, char **argv)
 
 	if (!o && strcmp(kind, "urdma"))
 		goto usage;
+	cfg_conns();
 	if (argc == 4 && !strcmp(argv[1], "serve")) {
 		o ? sock_serve(o, argv[3]) : urdma_serve(argv[3]);
 		return 0;
@@ -280,7 +304,8 @@ int main(int argc, char **argv)
 		long n = atol(argv[5]);
 		double t;
 
-		if (size < 1 || size > MAX_SIZE || n < 10)
+		if (size < 1 || size > (nconns > 1 ? 4096 : MAX_SIZE) || n < 10 ||
+		    (nconns > 1 && (o || !lat)))
 			return 2;
 		if (!strcmp(argv[1], "stream"))
 			t = urdma_stream(argv[3], size, n);

@@ -743,6 +743,8 @@ api_measure() {  # PATH KEY
         lat64k*) size=65536 n=2000 ;;
         rate8*) what=rate n=200000 ;;
         stream8) what=stream n=1000000 ;;
+        # 1,000 connections on each side, the round trips over each in turn
+        lat8_c1000) srv=(env API_CONNS=1000) cli=(env API_CONNS=1000) ;;
     esac
     if [ "$1" = veth ]; then
         n=$((n / 4)) # a round trip over TCP is ~40 times longer
@@ -784,7 +786,7 @@ bench_api() {
     for REP in $(seq "$reps"); do
         for p in "${paths[@]}"; do
             tcp_path "$p"
-            for k in "${keys[@]}" $([ "$p" = lo ] && echo stream8 "${peers[@]}"); do
+            for k in "${keys[@]}" $([ "$p" = lo ] && echo stream8 lat8_c1000 "${peers[@]}"); do
                 [ "${API_FAILS[$p.$k]:-0}" -ge 2 ] && continue
                 VAL=""
                 case $k in
@@ -836,6 +838,8 @@ bench_api() {
             tcp_row "$p" "echo 8 B, Mmsg/s echoed, 32 in flight" "$(amed "$p.rate8")" \
                 "the same echo over rsockets" "$(amed "$p.rate8_rs")"
         done
+        tcp_row lo "echo 8 B over 1,000 connections in turn, one-way µs" \
+            "$(amed lo.lat8_c1000)" "the same over 1 connection (above)" "$(amed lo.lat8)"
         tcp_row lo "8 B messages one way, Mmsg/s" "$(amed lo.stream8)" \
             "raw verbs ib_send_bw 8 B (goal ≥ 0.9)" "$(amed lo.verbs_rate)"
         tcp_row lo "8 B messages one way, Mmsg/s" "$(amed lo.stream8)" \
