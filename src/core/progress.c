@@ -52,8 +52,9 @@ static _Atomic uint64_t sleep_end, due;
 #define FIRE_GAP_NS 20000ull
 /* Every CQ of the process, under cqs_lock alone: firing what peers marked
  * waits for no pass over the QPs (which holds ctx_lock and each context's
- * lock; 4,096 QPs: a sleeper woken by a peer waited for it, 38 us a
- * Send).  cqs_lock is outer to a CQ's lock. */
+ * lock, about a millisecond with 8,192 QPs).  Under cqs_lock only a CQ's
+ * lock is taken (then its channel's); no verbs lock is held around it
+ * (rdma_cm's cma_lock may be: it makes and destroys CQs under it). */
 static pthread_mutex_t cqs_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct list_head cqs = LIST_HEAD_INIT(cqs);
 
@@ -443,6 +444,10 @@ static void progress_atfork_child(void)
 	atomic_store(&due, 0);
 	list_init(&ctxs);
 	pthread_mutex_init(&ctx_lock, NULL);
+	/* The parent's CQs are not ours: their blocks went with the arena
+	 * (urdma_arena_atfork_child), and cqs_lock may have been held. */
+	list_init(&cqs);
+	pthread_mutex_init(&cqs_lock, NULL);
 }
 
 __attribute__((constructor)) static void progress_init(void)

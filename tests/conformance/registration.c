@@ -499,6 +499,49 @@ static void fork_case(void *arg)
 	ibv_close_device(ctx);
 }
 
+/* A forked child that opens the device while the parent has a CQ: the
+ * parent's objects are not the child's (their shared blocks are gone from
+ * it), and the child's progress thread must not walk them (it crashed
+ * on the parent's CQ block).  The child lives past a progress pass. */
+static void fork_open_case(void *arg)
+{
+	struct ibv_context *ctx = t_open_first_device();
+	struct ibv_comp_channel *ch;
+	struct ibv_cq *cq;
+	int status = -1;
+	pid_t pid;
+
+	(void)arg;
+	REQUIRE(ctx, "no device");
+	ch = ibv_create_comp_channel(ctx);
+	cq = ch ? ibv_create_cq(ctx, 16, NULL, ch, 0) : NULL;
+	REQUIRE(cq && !ibv_req_notify_cq(cq, 0), "CQ");
+	pid = fork();
+	if (pid == 0) {
+		struct ibv_context *c2 = t_open_first_device();
+		struct ibv_cq *cq2;
+
+		if (!c2)
+			_exit(2);
+		usleep(400 * 1000); /* two of the progress thread's passes */
+		cq2 = ibv_create_cq(c2, 16, NULL, NULL, 0);
+		if (!cq2 || ibv_req_notify_cq(cq2, 0))
+			_exit(3);
+		usleep(400 * 1000);
+		if (ibv_destroy_cq(cq2) || ibv_close_device(c2))
+			_exit(4);
+		_exit(0);
+	}
+	REQUIRE(pid > 0, "fork");
+	waitpid(pid, &status, 0);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	      "child status %#x (a signal: %d)", status,
+	      WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+	CHECK(!ibv_destroy_cq(cq) && !ibv_destroy_comp_channel(ch),
+	      "the parent's CQ after the fork");
+	ibv_close_device(ctx);
+}
+
 int main(int argc, char **argv)
 {
 	pthread_atfork(NULL, NULL, scribble_in_child);
@@ -510,5 +553,6 @@ int main(int argc, char **argv)
 	t_case("reg_keeps_stores_stack", race_case, (void *)(intptr_t)STACK);
 	t_case("reg_keeps_signal_handlers", signals_case, NULL);
 	t_case("fork_child_stores_stay_its_own", fork_case, NULL);
+	t_case("fork_child_opens_device", fork_open_case, NULL);
 	return t_finish();
 }
