@@ -137,9 +137,10 @@ void urdma_bell_del(struct urdma_cq *cq, struct urdma_qp *qp)
 	}
 }
 
-/* The sweep the progress thread's timer asked for: every ring QP's slot rung, by us (the flag first: a ring from
- * now on is seen by this look or the next).  Rung, not carried: the
- * scan's turns keep one busy QP from starving the others. */
+/* The sweep the progress thread's timer asked for: every ring QP's slot
+ * rung, by us (the flag first: a ring from now on is seen by this look or
+ * the next).  Rung, not carried: the scan's turns keep one busy QP from
+ * starving the others. */
 static void sweep_take(struct urdma_cq *cq)
 {
 	struct urdma_qp *qp;
@@ -229,9 +230,10 @@ struct harvest {
  * received, as the walk did): perftest 8 B ib_send_bw -q 16
  * and -q 64, round robin, lost a quarter of their rate when each emptied
  * QP's bit went at once, and still 6-12 % with the QP's count alone (a
- * poller faster than the sender finds each QP empty often).  But a poll
- * that has found BELL_LOOKS QPs empty clears the bits of the idle ones
- * after: each message to one QP in turn of thousands (an event-driven
+ * poller faster than the sender finds each QP empty often).  But once a
+ * poll has found BELL_LOOKS QPs idle (empty BELL_IDLE times or more) it
+ * clears the bits of the idle ones after: each message to one QP in turn
+ * of thousands (an event-driven
  * server's) left a thousand bits set, and each poll looked at them all
  * (cq_scale, 4,096 pairs, a Send to a receiver asleep on its channel:
  * 110-111 us; 38-40 with this).  Then one more look takes what a
@@ -363,10 +365,13 @@ uint32_t urdma_bell_ready(struct urdma_cq *cq)
 	return n;
 }
 
+/* Deliverers write the block only inside a QP's busy count (urdma_dest_
+ * notify and _ring come before they leave), and each QP waited for its
+ * own before it went: the block is reused, unless a QP gave up waiting. */
 void urdma_bell_free(struct urdma_cq *cq)
 {
-	/* peers may write it yet: never reused */
-	urdma_arena_free(cq->shm, sizeof(*cq->shm), true);
+	urdma_arena_free(cq->shm, sizeof(*cq->shm),
+			 atomic_load(&cq->shm_busy_left));
 	urdma_free(cq->slot_qp);
 	urdma_free(cq->slot_free);
 }
@@ -412,25 +417,43 @@ void urdma_qp_bell_own(struct urdma_qp *qp)
 		bell_ring(qp->rcq->shm, qp->bell_slot);
 }
 
-/* The block of d's QP's CQ, mapped when its QP's block first names it
- * (a failure is not kept: looked for again next time). */
+/* Map the CQ block at va of peer p into d (NULL if it is not one). */
+static void dest_bell_map(struct urdma_shm_dest *d, struct urdma_peer *p,
+			  uint64_t va)
+{
+	static _Atomic bool warned;
+
+	d->bell = urdma_peer_block(p, va, sizeof(*d->bell), URDMA_BELL_MAGIC);
+	d->bell_va = d->bell ? va : 0;
+	/* Its receives then raise no event: say so, once. */
+	if (!d->bell && !atomic_exchange(&warned, true))
+		urdma_warn("a peer's QP names no CQ block we can map (%#llx): "
+			   "its CQ gets no events from us",
+			   (unsigned long long)va);
+}
+
+/* The block of d's QP's CQ, mapped at attach (urdma_dest_blocks), again
+ * if the QP's block names another (a failure is not kept: looked for
+ * again next time).  Our own QP (p NULL, UDP's own dest): the block set
+ * at its making, not what its block says. */
 static struct urdma_shm_bell *dest_bell(struct urdma_shm_dest *d,
 					struct urdma_peer *p)
 {
-	uint64_t va = READ_ONCE(d->qp->bell_va);
+	uint64_t va;
 
-	if (va != d->bell_va && p) {
-		d->bell = urdma_peer_block(p, va, sizeof(*d->bell),
-					   URDMA_BELL_MAGIC);
-		d->bell_va = d->bell ? va : 0;
-	}
-	return va == d->bell_va ? d->bell : NULL;
+	if (!p)
+		return d->bell;
+	va = READ_ONCE(d->qp->bell_va);
+	if (va != d->bell_va)
+		dest_bell_map(d, p, va);
+	return d->bell;
 }
 
 /* Ring d's QP's slot in b; true if it set a bit.  After the fence. */
 static bool dest_ring(struct urdma_shm_dest *d, struct urdma_shm_bell *b)
 {
-	return b && bell_ring(b, READ_ONCE(d->qp->bell_slot));
+	return b && bell_ring(b, d->own ? d->own_slot :
+					  READ_ONCE(d->qp->bell_slot));
 }
 
 void urdma_dest_ring(struct urdma_shm_dest *d, struct urdma_peer *p)
@@ -443,6 +466,7 @@ bool urdma_dest_notify(struct urdma_shm_dest *d, struct urdma_peer *p,
 		       bool solicited)
 {
 	struct urdma_shm_bell *b;
+	uint32_t w;
 
 	atomic_thread_fence(memory_order_seq_cst); /* published, then rung */
 	b = dest_bell(d, p);
@@ -451,10 +475,11 @@ bool urdma_dest_notify(struct urdma_shm_dest *d, struct urdma_peer *p,
 	/* A bit set, then notify read: the Dekker pair with the arm. */
 	if (dest_ring(d, b))
 		atomic_thread_fence(memory_order_seq_cst);
-	if (!urdma_notify_take(&b->notify, solicited))
+	w = urdma_notify_take(&b->notify, solicited);
+	if (!w)
 		return false;
 	if (p) /* (our own QP, UDP's own dest: the caller fires it) */
-		atomic_store(&b->fired, 1);
+		atomic_store(&b->fired, w);
 	return true;
 }
 
@@ -462,6 +487,5 @@ void urdma_dest_blocks(struct urdma_shm_dest *d, struct urdma_peer *p,
 		       const struct urdma_shm_qp *h)
 {
 	d->wake = urdma_wake_map(p, READ_ONCE(h->wake_va));
-	d->bell = NULL; /* mapped when its QP's block first names one */
-	d->bell_va = 0;
+	dest_bell_map(d, p, READ_ONCE(h->bell_va));
 }

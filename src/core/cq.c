@@ -134,7 +134,8 @@ static void cq_arm_shared(struct urdma_cq *cq, int mode)
 {
 	struct urdma_srq *srq;
 
-	atomic_store(&cq->shm->notify, mode);
+	atomic_store(&cq->shm->notify,
+		     mode ? (uint32_t)mode + cq->arm_no * URDMA_NOTIFY_ARM : 0);
 	list_for_each_entry(srq, &cq->xrc_srqs, cq_node)
 		atomic_store(&srq->shm->notify, mode);
 }
@@ -142,8 +143,10 @@ static void cq_arm_shared(struct urdma_cq *cq, int mode)
 /*
  * Moderation: is the event of an armed CQ held back?  Until mod_count
  * completions are there, or mod_period_ns has passed since the first
- * (the progress thread fires it then: mod_due).  While held, the QPs'
- * receive rings stay armed, so each receive looks again.  Errors and a
+ * (the progress thread fires it then: mod_due).  While held, the CQ's
+ * notify stays armed, so each receive claims it again: stored before the
+ * count, with a fence, as an arm is before a poll (a deliverer that found
+ * it claimed published before the count looks).  Errors and a
  * solicited-only arm are not held.  Under cq->lock.
  */
 static bool cq_held_locked(struct urdma_cq *cq, bool error)
@@ -153,6 +156,8 @@ static bool cq_held_locked(struct urdma_cq *cq, bool error)
 	if (error || cq->armed != URDMA_NOTIFY_ANY ||
 	    (cq->mod_count <= 1 && !cq->mod_period_ns))
 		return false;
+	cq_arm_shared(cq, cq->armed);
+	atomic_thread_fence(memory_order_seq_cst);
 	now = urdma_now_ns();
 	due = atomic_load(&cq->mod_due);
 	if ((due && now >= due) ||
@@ -162,7 +167,6 @@ static bool cq_held_locked(struct urdma_cq *cq, bool error)
 		atomic_store(&cq->mod_due, now + cq->mod_period_ns);
 		urdma_progress_by(now + cq->mod_period_ns);
 	}
-	cq_arm_shared(cq, cq->armed);
 	return true;
 }
 
@@ -265,6 +269,7 @@ struct urdma_cq *urdma_cq_new(struct ibv_context *context, int cqe,
 			      uint32_t comp_vector)
 {
 	struct urdma_cq *cq;
+	int ret;
 
 	if (cqe < 1 || cqe > URDMA_MAX_CQE ||
 	    comp_vector >= (uint32_t)context->num_comp_vectors ||
@@ -279,10 +284,11 @@ struct urdma_cq *urdma_cq_new(struct ibv_context *context, int cqe,
 	}
 	cq->size = roundup_pow2(cqe);
 	cq->ring = urdma_zalloc_array(cq->size, sizeof(*cq->ring));
-	if (!cq->ring || urdma_bell_new(cq)) {
+	ret = cq->ring ? urdma_bell_new(cq) : -ENOMEM;
+	if (ret) {
 		urdma_free(cq->ring);
 		urdma_free(cq);
-		errno = ENOMEM;
+		errno = -ret;
 		return NULL;
 	}
 	pthread_mutex_init(&cq->lock, NULL);
@@ -462,24 +468,34 @@ void urdma_cq_notify(struct urdma_cq *cq)
 	pthread_mutex_unlock(&cq->lock);
 }
 
-/* A peer claimed the CQ's notify (its block's 'fired'): fire it. */
+/* A peer claimed the CQ's notify (its block's 'fired', the word it
+ * claimed): fire it, if that arm is still the CQ's.  Else the arm fired
+ * meanwhile for another cause (a local completion, a poll that left
+ * some), and the program took that event and armed again: an event now
+ * would be for nothing new (perftest -e reads the unfilled work
+ * completion of its empty poll as an error). */
 void urdma_cq_take_fired(struct urdma_cq *cq)
 {
 	_Atomic uint32_t *f = &cq->shm->fired;
+	uint32_t w;
 
-	if (atomic_load_explicit(f, memory_order_relaxed) &&
-	    atomic_exchange(f, 0))
-		urdma_cq_notify(cq);
+	if (!atomic_load_explicit(f, memory_order_relaxed) ||
+	    !(w = atomic_exchange(f, 0)))
+		return;
+	pthread_mutex_lock(&cq->lock);
+	if ((w & ~URDMA_NOTIFY_MODE) == cq->arm_no * URDMA_NOTIFY_ARM)
+		cq_fire_locked(cq);
+	pthread_mutex_unlock(&cq->lock);
 }
 
-/* Tell the CQ's QPs whose transports poll (TCP, UDP: they have tr->armed)
+/* Tell the CQ's receive QPs whose transports have tr->armed (TCP, UDP)
  * that the application may go to sleep.  Under cq->lock; no walk when
- * none does. */
+ * none has. */
 static void cq_armed_transports(struct urdma_cq *cq)
 {
 	struct urdma_qp *qp;
 
-	if (!atomic_load_explicit(&cq->polled_qps, memory_order_relaxed))
+	if (!atomic_load_explicit(&cq->armed_qps, memory_order_relaxed))
 		return;
 	list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
 		/* Read once: qp_disconnect clears it under the send CQ's lock
@@ -500,6 +516,7 @@ int urdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 
 	pthread_mutex_lock(&cq->lock);
 	cq->armed = mode;
+	cq->arm_no++;
 	cq_arm_shared(cq, mode);
 	cq_armed_transports(cq);
 	/* Pairs with the fence in the deliverer (urdma_dest_notify): armed

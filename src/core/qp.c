@@ -290,11 +290,14 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 _Atomic int urdma_held_qps;
 
 /* Count the QP in its CQs' polled_qps while its transport has tr->poll,
- * and in urdma_held_qps while it has tr->release. */
+ * in its receive CQ's armed_qps while it has tr->armed, and in
+ * urdma_held_qps while it has tr->release. */
 static void qp_count_polled(struct urdma_qp *qp, int d)
 {
 	if (qp->tr && qp->tr->release)
 		atomic_fetch_add(&urdma_held_qps, d);
+	if (qp->tr && qp->tr->armed)
+		atomic_fetch_add(&qp->rcq->armed_qps, d);
 	if (!qp->tr || !qp->tr->poll)
 		return;
 	atomic_fetch_add(&qp->scq->polled_qps, d);
@@ -408,6 +411,9 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	pthread_mutex_unlock(&qp->sq_lock);
 	if (qp->qpn_tr)
 		qp->qpn_tr->qpn_release(ibqp->qp_num);
+	/* A deliverer still inside may write its CQ's block too (bell.c) */
+	if (qp->shm_busy_left)
+		atomic_store(&rcq->shm_busy_left, true);
 	atomic_fetch_sub(&scq->usecnt, 1);
 	atomic_fetch_sub(&rcq->usecnt, 1);
 	if (qp->pd)

@@ -184,6 +184,10 @@ enum {
 	URDMA_NOTIFY_ANY = 1,
 	URDMA_NOTIFY_SOLICITED = 2,
 };
+/* A notify word: the mode in its low bits, and, in a CQ's block, the
+ * arm's number above (URDMA_NOTIFY_ARM: the owner counts its arms). */
+#define URDMA_NOTIFY_MODE 3u
+#define URDMA_NOTIFY_ARM 4u
 
 struct urdma_shm_qp {
 	/* Written by the owner only. */
@@ -251,11 +255,14 @@ static_assert(sizeof(struct urdma_shm_qp) == 5 * URDMA_CACHELINE, "qp header");
  * A CQ's shared block, made with the CQ: what deliverers in other
  * processes write for a CQ they cannot reach otherwise.
  *
- * notify: URDMA_NOTIFY_*, the CQ armed.  The owner stores it at each
- * ibv_req_notify_cq and clears it when the CQ fires; a deliverer that
- * completed a receive into the CQ claims it (compare: exchange to NONE)
- * and, if it was armed, sets fired and wakes the owner, who fires the CQ.
- * One word per CQ, so an arm costs a store, however many QPs feed it.
+ * notify: the CQ armed, a mode (URDMA_NOTIFY_*) and the arm's number.
+ * The owner stores it at each ibv_req_notify_cq and clears it when the
+ * CQ fires; a deliverer that completed a receive into the CQ claims it
+ * (compare-and-swap to NONE) and, if it was armed, stores the word it
+ * claimed in fired and wakes the owner, who fires the CQ if that arm is
+ * still the CQ's (a claim of an arm that fired for another cause meanwhile
+ * is no event for the next).  One word per CQ, so an arm costs a store,
+ * however many QPs feed it.
  *
  * The bell: a bit per receive QP with a ring of its own (the slot named in
  * its block), bit slot % 64 of bits[slot / 64], then bit (slot / 64) % 64
@@ -264,9 +271,10 @@ static_assert(sizeof(struct urdma_shm_qp) == 5 * URDMA_CACHELINE, "qp header");
  * clears a bit when its QP has been idle a while (core/bell.c).  Rung
  * always; read once the CQ has URDMA_BELL_MIN such QPs.
  *
- * Peers write it: a bit rung for nothing costs a harvest, a fired for
- * nothing an event the CQ was armed for anyway.  Never reused while the
- * process lives (a peer may write it after the CQ is gone).
+ * Peers write it: a bit rung for nothing costs a harvest, a fired that
+ * names the CQ's arm an event it was armed for anyway.  They write it
+ * only while inside a receive queue of the CQ (a QP's busy count): once
+ * each QP waited for its deliverers the block is reused, else never.
  */
 #define URDMA_BELL_MAGIC 0x7562656cu /* "ubel" */
 #define URDMA_BELL_SLOTS 65536u

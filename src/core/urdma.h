@@ -170,10 +170,11 @@ struct urdma_cq {
 	 * life: the notify word deliverers claim, and the bell they ring. */
 	struct urdma_shm_bell *shm;
 	uint64_t shm_va;
+	_Atomic bool shm_busy_left; /* a QP of it was: shm never reused */
 	/* The bell (core/bell.c): from URDMA_BELL_MIN ring QPs on, a poll
 	 * harvests only the QPs whose slots deliverers rang, and those in
-	 * carry (without a slot).  Under lock, but for bell, bell_sweep
-	 * and bell_swept_ns (the progress thread's). */
+	 * carry (without a slot).  Under lock, but for bell_sweep and
+	 * bell_swept_ns (the progress thread's, which reads bell too). */
 	/* NULL: off, ring_qps is walked; else shm */
 	_Atomic(struct urdma_shm_bell *) bell;
 	_Atomic bool bell_sweep;   /* every ring QP's slot rung at the next look */
@@ -186,8 +187,10 @@ struct urdma_cq {
 	uint32_t *slot_free, nfree, slot_cap, slot_next;
 	struct list_head carry;	   /* qp->carry_node */
 	int armed; /* URDMA_NOTIFY_* */
+	uint32_t arm_no; /* ibv_req_notify_cq calls, in notify (shared.h) */
 	_Atomic int sq_pending; /* a send QP has WRs waiting to be retried */
 	_Atomic int polled_qps; /* QPs whose transport receives in poll_cq */
+	_Atomic int armed_qps;	/* receive QPs whose transport has tr->armed */
 	_Atomic int srq_qps;	/* receive QPs on an SRQ */
 	/* CQ moderation (ibv_modify_cq): an armed CQ's event waits for
 	 * mod_count completions or mod_period_ns after the first, under
@@ -286,10 +289,13 @@ struct urdma_shm_dest {
 	uint32_t gen;	     /* the block's, when found */
 	uint32_t epoch;	     /* its rq_epoch when prod was read */
 	struct urdma_shm_wake *wake; /* its owner's wake block, or NULL */
-	/* its CQ's block, as of bell_va (mapped at the first receive; our
-	 * own QP's, UDP's own_dest: set, with bell_va) */
+	/* its CQ's block, as of bell_va (mapped at attach) */
 	struct urdma_shm_bell *bell;
 	uint64_t bell_va;
+	/* Our own QP (UDP's own_dest): bell, and this slot, are its CQ's and
+	 * its own, not what its block (peers can write it) says. */
+	bool own;
+	uint32_t own_slot;
 };
 
 /* What the owner posted in a receive slot: the shared ring has the SGEs
@@ -686,10 +692,11 @@ void urdma_cq_push_as(struct urdma_cq *cq, const struct ibv_wc *wc,
 		      struct urdma_qp *qp, uint32_t retire, bool fire);
 void urdma_cq_notify(struct urdma_cq *cq);
 void urdma_cq_take_fired(struct urdma_cq *cq);
-/* Armed, and not fired yet (URDMA_NOTIFY_*): read without the lock. */
+/* Armed, and neither fired nor claimed yet (URDMA_NOTIFY_*): read
+ * without the lock. */
 static inline uint32_t urdma_cq_armed(struct urdma_cq *cq)
 {
-	return atomic_load(&cq->shm->notify);
+	return atomic_load(&cq->shm->notify) & URDMA_NOTIFY_MODE;
 }
 int urdma_modify_cq(struct ibv_cq *cq, struct ibv_modify_cq_attr *attr);
 void urdma_cq_moderation_due(struct urdma_cq *cq, uint64_t now);

@@ -470,14 +470,18 @@ void urdma_ring_publish(struct urdma_shm_qp *q, struct urdma_shm_rqe *e,
 	atomic_store_explicit(&q->rq_done, idx + 1, memory_order_release);
 }
 
-bool urdma_notify_take(_Atomic uint32_t *notify, bool solicited)
+uint32_t urdma_notify_take(_Atomic uint32_t *notify, bool solicited)
 {
 	uint32_t n = atomic_load_explicit(notify, memory_order_relaxed);
+	uint32_t mode = n & URDMA_NOTIFY_MODE;
 
-	if (n != URDMA_NOTIFY_ANY && !(n == URDMA_NOTIFY_SOLICITED && solicited))
-		return false;
-	return atomic_exchange(notify, URDMA_NOTIFY_NONE) !=
-	       URDMA_NOTIFY_NONE;
+	if (mode != URDMA_NOTIFY_ANY &&
+	    !(mode == URDMA_NOTIFY_SOLICITED && solicited))
+		return 0;
+	/* (that arm only: one made meanwhile, say solicited-only, stays) */
+	return atomic_compare_exchange_strong(notify, &n, URDMA_NOTIFY_NONE) ?
+		       n :
+		       0;
 }
 
 bool urdma_rq_notify_claim(_Atomic uint32_t *notify, bool solicited)
@@ -487,7 +491,7 @@ bool urdma_rq_notify_claim(_Atomic uint32_t *notify, bool solicited)
 	 * miss both the completion and the event (x86 reorders a store with
 	 * a later load). */
 	atomic_thread_fence(memory_order_seq_cst);
-	return urdma_notify_take(notify, solicited);
+	return urdma_notify_take(notify, solicited) != 0;
 }
 
 uint64_t urdma_atomic_apply(uint64_t *p, bool cas, uint64_t compare_add,

@@ -43,9 +43,8 @@ struct urdma_transport_ops {
 	/* Optional.  Does the QP's receive path still hold a receive WR of
 	 * its SRQ (a Send half placed)?  The QP's LAST_WQE_REACHED waits. */
 	bool (*srq_held)(struct urdma_qp *qp);
-	/* Optional, for transports with poll.  ibv_req_notify_cq armed the
-	 * QP's receive CQ: the application may go to sleep.  Under the CQ
-	 * lock. */
+	/* Optional.  ibv_req_notify_cq armed the QP's receive CQ: the
+	 * application may go to sleep.  Under the CQ lock. */
 	void (*armed)(struct urdma_qp *qp);
 	/* Optional.  The engine stops running WRs: what execute held back
 	 * for the WRs it said would follow goes now (TCP: MSG_MORE).  Under
@@ -170,10 +169,10 @@ void urdma_ring_publish(struct urdma_shm_qp *q, struct urdma_shm_rqe *e,
 			uint32_t idx);
 /* A receive completed into the CQ (or XRC SRQ) whose notify word this
  * is: true if it fires that armed CQ (the arm is consumed).  claim fences
- * first (the completion published before notify is read); take does not:
- * its caller did. */
+ * first (the completion published before notify is read); take does not
+ * (its caller did), and returns the word it claimed, 0 if none. */
 bool urdma_rq_notify_claim(_Atomic uint32_t *notify, bool solicited);
-bool urdma_notify_take(_Atomic uint32_t *notify, bool solicited);
+uint32_t urdma_notify_take(_Atomic uint32_t *notify, bool solicited);
 /* Fetch-and-add (compare_add is the addend) or compare-and-swap on *p;
  * returns the old value. */
 uint64_t urdma_atomic_apply(uint64_t *p, bool cas, uint64_t compare_add,

@@ -179,18 +179,21 @@ enum urdma_ud_res urdma_ud_deliver(struct urdma_shm_dest *d,
 		urdma_srq_publish(e, r.idx, m->qpn);
 	else
 		urdma_shm_ring_publish(d, &r);
-	ud_leave(t);
+	/* Its CQ rung, and its notify claimed, before we leave the ring
+	 * (the busy count keeps the CQ's block alive: core/bell.c). */
 	if (rx_status == IBV_WC_LOC_PROT_ERR) {
 		/* A receive it can't use puts the receiver in error (its poll
 		 * finds the completion: the bell). */
 		urdma_dest_ring(d, dpeer);
+		ud_leave(t);
 		atomic_store(&t->error_req, 1);
 		*tell = URDMA_UD_ERROR;
 		return URDMA_UD_DONE;
 	}
 	solicited = m->solicited || rx_status != IBV_WC_SUCCESS;
-	if (urdma_dest_notify(d, dpeer, solicited)) /* (core/bell.c) */
+	if (urdma_dest_notify(d, dpeer, solicited))
 		*tell = URDMA_UD_NOTIFY;
+	ud_leave(t);
 	return URDMA_UD_DONE;
 }
 

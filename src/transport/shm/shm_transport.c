@@ -242,21 +242,30 @@ static void responder_error(struct urdma_qp *qp)
 	urdma_peer_wake(qp->peer);
 }
 
-/* The responder's owner fires its CQ: a thread of it that sleeps in
- * ibv_get_cq_event, or its progress thread (core/wake.c). */
-static void responder_notify(struct urdma_qp *qp, bool solicited)
+/* A receive of the responder completed: ring its CQ's bell and claim its
+ * notify, before the deliverer leaves the ring (the QP's busy count keeps
+ * the CQ's block alive until then: core/bell.c).  What to wake, after:
+ * NOTE_CQ its owner, who fires the CQ (a thread of it that sleeps in
+ * ibv_get_cq_event, or its progress thread); NOTE_XRC the XRC SRQ's. */
+enum { NOTE_NONE, NOTE_CQ, NOTE_XRC };
+
+static int responder_claim(struct urdma_qp *qp, bool solicited)
 {
 	if (qp->peer_xrcd) { /* the XRC SRQ's CQ */
-		if (urdma_rq_notify_claim(&qp->dst.srq->notify, solicited)) {
-			atomic_store(&qp->dst.srq->notify_fired, 1);
-			urdma_peer_wake(qp->xsrq.peer);
-		}
-		return;
+		if (!urdma_rq_notify_claim(&qp->dst.srq->notify, solicited))
+			return NOTE_NONE;
+		atomic_store(&qp->dst.srq->notify_fired, 1);
+		return NOTE_XRC;
 	}
-	/* its CQ's bell rung, its notify claimed (core/bell.c); a thread of
-	 * it asleep in ibv_get_cq_event fires it, or its progress thread */
-	if (urdma_dest_notify(&qp->dst, qp->peer, solicited) &&
-	    !urdma_wake_owner(qp->dst.wake))
+	return urdma_dest_notify(&qp->dst, qp->peer, solicited) ? NOTE_CQ :
+								  NOTE_NONE;
+}
+
+static void responder_wake(struct urdma_qp *qp, int note)
+{
+	if (note == NOTE_XRC)
+		urdma_peer_wake(qp->xsrq.peer);
+	else if (note == NOTE_CQ && !urdma_wake_owner(qp->dst.wake))
 		urdma_peer_wake(qp->peer);
 }
 
@@ -447,7 +456,7 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 	bool uc = qp->ibqp.qp_type == IBV_QPT_UC, inl;
 	struct urdma_shm_rqe *e;
 	struct urdma_shm_rcv r;
-	int nl = 0, nd = 0, ret;
+	int nl = 0, nd = 0, ret, note = NOTE_NONE;
 	uint64_t room = 0;
 
 	*status = urdma_local_spans(qp, w, local, &nl, 0);
@@ -539,30 +548,30 @@ static enum urdma_tx deliver(struct urdma_qp *qp, struct urdma_swqe *w,
 	} else {
 		urdma_shm_ring_publish(&qp->dst, &r);
 	}
+	/* An error completion always fires an armed CQ: that of the
+	 * responder's ring, its SRQ's QP or its XRC SRQ.  But a UC receive
+	 * the responder could not use: no event, but its poll finds the
+	 * completion. */
+	if (uc && rx_status == IBV_WC_LOC_PROT_ERR)
+		urdma_dest_ring(&qp->dst, qp->peer);
+	else
+		note = responder_claim(qp, (w->send_flags & IBV_SEND_SOLICITED) ||
+						   rx_status != IBV_WC_SUCCESS);
 	urdma_rq_idle(t);
+	responder_wake(qp, note);
 	if (uc && rx_status != IBV_WC_WR_FLUSH_ERR) {
 		/* No acknowledgement tells the sender.  A receive the
 		 * responder could not use puts it in error; a length error
 		 * does not (IBA's UC error classes). */
-		if (rx_status == IBV_WC_LOC_PROT_ERR) {
-			/* (no event, but its poll finds the completion) */
-			urdma_dest_ring(&qp->dst, qp->peer);
+		if (rx_status == IBV_WC_LOC_PROT_ERR)
 			responder_error(qp);
-		} else
-			responder_notify(qp,
-					 (w->send_flags & IBV_SEND_SOLICITED) ||
-						 rx_status != IBV_WC_SUCCESS);
 		*status = IBV_WC_SUCCESS;
 		return URDMA_TX_DONE;
 	}
 	if (rx_status != IBV_WC_SUCCESS) {
-		/* An error completion always fires an armed CQ: that of the
-		 * responder's ring, its SRQ's QP or its XRC SRQ. */
-		responder_notify(qp, true);
 		responder_error(qp);
 		return URDMA_TX_DONE;
 	}
-	responder_notify(qp, w->send_flags & IBV_SEND_SOLICITED);
 	inv_note(qp, w);
 	*status = IBV_WC_SUCCESS;
 	return URDMA_TX_DONE;
