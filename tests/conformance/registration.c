@@ -512,6 +512,14 @@ static void fork_open_case(void *arg)
 	pid_t pid;
 
 	(void)arg;
+#ifdef __SANITIZE_ADDRESS__
+	/* Its allocator's locks are not taken around fork: a child whose
+	 * parent had a thread inside it hangs in its first free (5 of 10
+	 * runs over TCP, the child's progress thread). */
+	ibv_close_device(ctx);
+	t_skip("AddressSanitizer's allocator does not survive fork in a "
+	       "threaded process");
+#endif
 	REQUIRE(ctx, "no device");
 	ch = ibv_create_comp_channel(ctx);
 	cq = ch ? ibv_create_cq(ctx, 16, NULL, ch, 0) : NULL;
