@@ -273,6 +273,12 @@ struct tcp_conn {
 	 * passed already, the WRs fail at once (no loss grace) */
 	_Atomic bool timed_out;
 	bool dead_handled;
+	/* A WR, or the QP, failed for it already: WRs that find it dead from
+	 * now on are flushed.  Not so when tcp_maintain's timer found no
+	 * unconfirmed message: the next WR to find it is the one that fails
+	 * with RETRY_EXC_ERR (tcp_execute, or urdma_qp_lost, whichever runs
+	 * first). */
+	_Atomic bool dead_reported;
 	bool shut; /* given up (conn_shut): what arrives is dropped */
 	/* tcp_maintain's watch on the oldest unconfirmed message */
 	uint32_t watch_head;

@@ -186,6 +186,7 @@ static void rx_fail(struct tcp_conn *c, uint32_t ctrl, const uint8_t *hdr,
 	atomic_store(&c->fin_want, true);
 	qp_error_async(c);
 	c->dead_handled = true;
+	atomic_store(&c->dead_reported, true);
 	conn_set_dead(c, "protocol error in received data");
 	conn_shut(c);
 	unc_settle(c, c->unc_head, IBV_WC_WR_FLUSH_ERR);
@@ -560,6 +561,7 @@ static void rx_terminate(struct tcp_conn *c, const struct iwarp_msg *m)
 		   c->local_qpn, TERM_LAYER(ctrl), TERM_ETYPE(ctrl),
 		   TERM_ECODE(ctrl));
 	c->dead_handled = true; /* before tcp_maintain can see 'dead' */
+	atomic_store(&c->dead_reported, true);
 	conn_set_dead(c, "terminated by the peer");
 	/* ctrl, DDP segment length, then the DDP header if included */
 	unc_settle(c,

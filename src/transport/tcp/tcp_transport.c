@@ -376,8 +376,9 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 				return URDMA_TX_WAIT;
 			}
 		}
-		*status = c->dead_handled ? IBV_WC_WR_FLUSH_ERR :
-					    IBV_WC_RETRY_EXC_ERR;
+		*status = atomic_load(&c->dead_reported) ?
+				  IBV_WC_WR_FLUSH_ERR :
+				  IBV_WC_RETRY_EXC_ERR;
 		return URDMA_TX_DONE;
 	}
 	if (!c || atomic_load(&c->state) != C_UP)
@@ -569,6 +570,7 @@ bool tcp_maintain(struct urdma_qp *qp)
 			rsp_send(c);
 			conn_shut(c);
 			c->dead_handled = true;
+			atomic_store(&c->dead_reported, true);
 			conn_set_dead(c, "local QP in error");
 			unc_settle(c, c->unc_head, IBV_WC_WR_FLUSH_ERR);
 		}
@@ -610,9 +612,11 @@ bool tcp_maintain(struct urdma_qp *qp)
 
 			if (urdma_now_ns() >= due) {
 				c->dead_handled = true;
-				if (c->unc_head != c->unc_tail)
+				if (c->unc_head != c->unc_tail) {
 					unc_settle(c, c->unc_head,
 						   IBV_WC_RETRY_EXC_ERR);
+					atomic_store(&c->dead_reported, true);
+				}
 				/* (UC never learns of it: it drops) */
 				fail = qp->ibqp.qp_type != IBV_QPT_UC;
 			} else {
