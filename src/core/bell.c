@@ -417,43 +417,36 @@ void urdma_qp_bell_own(struct urdma_qp *qp)
 		bell_ring(qp->rcq->shm, qp->bell_slot);
 }
 
-/* Map the CQ block at va of peer p into d (NULL if it is not one). */
-static void dest_bell_map(struct urdma_shm_dest *d, struct urdma_peer *p,
-			  uint64_t va)
+/* Map d's CQ block (d->bell_va, in peer p's memory) into d->bell, NULL
+ * if it is not one; the first failure in the process warns. */
+static void dest_bell_map(struct urdma_shm_dest *d, struct urdma_peer *p)
 {
 	static _Atomic bool warned;
 
-	d->bell = urdma_peer_block(p, va, sizeof(*d->bell), URDMA_BELL_MAGIC);
-	d->bell_va = d->bell ? va : 0;
+	d->bell = urdma_peer_block(p, d->bell_va, sizeof(*d->bell),
+				   URDMA_BELL_MAGIC);
 	/* Its receives then raise no event: say so, once. */
 	if (!d->bell && !atomic_exchange(&warned, true))
 		urdma_warn("a peer's QP names no CQ block we can map (%#llx): "
 			   "its CQ gets no events from us",
-			   (unsigned long long)va);
+			   (unsigned long long)d->bell_va);
 }
 
-/* The block of d's QP's CQ, mapped at attach (urdma_dest_blocks), again
- * if the QP's block names another (a failure is not kept: looked for
- * again next time).  Our own QP (p NULL, UDP's own dest): the block set
- * at its making, not what its block says. */
+/* The block of d's QP's CQ, as found at attach, or NULL.  A mapping that
+ * failed is tried again (our own QP's, UDP's own dest, p NULL, is set at
+ * its making). */
 static struct urdma_shm_bell *dest_bell(struct urdma_shm_dest *d,
 					struct urdma_peer *p)
 {
-	uint64_t va;
-
-	if (!p)
-		return d->bell;
-	va = READ_ONCE(d->qp->bell_va);
-	if (va != d->bell_va)
-		dest_bell_map(d, p, va);
+	if (!d->bell && p)
+		dest_bell_map(d, p);
 	return d->bell;
 }
 
 /* Ring d's QP's slot in b; true if it set a bit.  After the fence. */
 static bool dest_ring(struct urdma_shm_dest *d, struct urdma_shm_bell *b)
 {
-	return b && bell_ring(b, d->own ? d->own_slot :
-					  READ_ONCE(d->qp->bell_slot));
+	return b && bell_ring(b, d->bell_slot);
 }
 
 void urdma_dest_ring(struct urdma_shm_dest *d, struct urdma_peer *p)
@@ -487,5 +480,9 @@ void urdma_dest_blocks(struct urdma_shm_dest *d, struct urdma_peer *p,
 		       const struct urdma_shm_qp *h)
 {
 	d->wake = urdma_wake_map(p, READ_ONCE(h->wake_va));
-	dest_bell_map(d, p, READ_ONCE(h->bell_va));
+	/* Read once, as the ring's geometry: the QP's for its life, and a
+	 * peer that rewrites its block later changes nothing here. */
+	d->bell_va = READ_ONCE(h->bell_va);
+	d->bell_slot = READ_ONCE(h->bell_slot);
+	dest_bell_map(d, p);
 }

@@ -208,7 +208,6 @@ struct urdma_shm_qp {
 	uint32_t rq_max_sge;
 	uint32_t rq_offset; /* sizeof(struct urdma_shm_qp) */
 	uint32_t max_dest_rd_atomic;
-	uint32_t pad0;
 	/* A QP on an SRQ: receives come from the SRQ's block, [srq_va,
 	 * srq_va + srq_bytes) of the same identity memfd (srq_bytes 0: none).
 	 * Its own ring then has one unused entry. */
@@ -229,15 +228,14 @@ struct urdma_shm_qp {
 	 * same identity memfd; 0: none. */
 	uint64_t wake_va;
 	/* Its receive CQ's block (struct urdma_shm_bell) and this QP's slot
-	 * in its bell (URDMA_BELL_NONE: none, on an SRQ), for the QP's life:
-	 * a deliverer rings the slot after each receive it completes, then
-	 * claims the CQ's notify. */
+	 * in its bell (URDMA_BELL_NONE: none, on an SRQ), for the QP's life,
+	 * read by a deliverer at attach: it rings the slot after each receive
+	 * it completes, then claims the CQ's notify. */
 	uint64_t bell_va;
 	uint32_t bell_slot;
 	/* Written by deliverers. */
 	alignas(URDMA_CACHELINE) _Atomic uint32_t error_req; /* please enter ERR */
 	_Atomic uint32_t rnr_waiter; /* wake the peer on the next post_recv */
-	uint32_t pad1;
 	_Atomic uint32_t ud_drops; /* UD: datagrams no receive took */
 	/* UD: the ring's many writers take turns: 0, or the pid of the one
 	 * writing (compare-and-swap; transport/ud.c). */

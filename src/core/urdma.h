@@ -289,13 +289,12 @@ struct urdma_shm_dest {
 	uint32_t gen;	     /* the block's, when found */
 	uint32_t epoch;	     /* its rq_epoch when prod was read */
 	struct urdma_shm_wake *wake; /* its owner's wake block, or NULL */
-	/* its CQ's block, as of bell_va (mapped at attach) */
+	/* Its CQ's block and its slot in the bell, taken at attach from its
+	 * block (urdma_dest_blocks); our own QP's (UDP's own_dest) from the
+	 * QP and CQ themselves. */
 	struct urdma_shm_bell *bell;
 	uint64_t bell_va;
-	/* Our own QP (UDP's own_dest): bell, and this slot, are its CQ's and
-	 * its own, not what its block (peers can write it) says. */
-	bool own;
-	uint32_t own_slot;
+	uint32_t bell_slot;
 };
 
 /* What the owner posted in a receive slot: the shared ring has the SGEs

@@ -139,8 +139,7 @@ static void own_dest(struct urdma_qp *qp, struct urdma_shm_dest *d)
 		.gen = qp->shm->gen,
 		.bell = qp->rcq->shm,
 		.bell_va = qp->rcq->shm_va,
-		.own = true,
-		.own_slot = qp->bell_slot,
+		.bell_slot = qp->bell_slot,
 	};
 	/* (qp->srq stays while the QP is bound: qpn_unbind comes first) */
 	if (qp->srq) {
