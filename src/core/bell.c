@@ -111,9 +111,9 @@ void urdma_bell_add(struct urdma_cq *cq, struct urdma_qp *qp)
 		else
 			cq->slot_qp[qp->bell_slot] = qp;
 		/* Its bit was never cleared while off: no sweep (above). */
-		if (cq->nring >= URDMA_BELL_MIN && !urdma_bell_of(cq))
-			atomic_store_explicit(&cq->bell, cq->shm,
-					      memory_order_release);
+		if (cq->nring >= URDMA_BELL_MIN)
+			atomic_store_explicit(&cq->bell_on, true,
+					      memory_order_relaxed);
 	}
 	qp->shm->bell_slot = qp->bell_slot;
 	qp->shm->bell_va = cq->shm_va;
@@ -151,7 +151,7 @@ static void sweep_take(struct urdma_cq *cq)
 	atomic_thread_fence(memory_order_seq_cst);
 	list_for_each_entry(qp, &cq->ring_qps, ring_node)
 		if (qp->bell_slot != URDMA_BELL_NONE)
-			bell_ring(urdma_bell_of(cq), qp->bell_slot);
+			bell_ring(cq->shm, qp->bell_slot);
 }
 
 /* A bits word found empty: its summary bit goes, unless a ring came
@@ -173,7 +173,7 @@ typedef bool (*slot_fn)(struct urdma_cq *cq, uint32_t slot, void *arg);
 static bool bell_scan(struct urdma_cq *cq, uint32_t from, uint32_t to,
 		      slot_fn fn, void *arg)
 {
-	struct urdma_shm_bell *b = urdma_bell_of(cq);
+	struct urdma_shm_bell *b = cq->shm;
 	uint32_t i = from / 64; /* a bits word */
 
 	while (i * 64 < to) {
@@ -246,7 +246,7 @@ struct harvest {
 
 static bool harvest_slot(struct urdma_cq *cq, uint32_t slot, void *arg)
 {
-	_Atomic uint64_t *w = &urdma_bell_of(cq)->bits[slot / 64];
+	_Atomic uint64_t *w = &cq->shm->bits[slot / 64];
 	uint64_t m = 1ull << (slot % 64);
 	struct urdma_qp *qp = slot_qp(cq, slot);
 	struct harvest *h = arg;
@@ -378,7 +378,7 @@ void urdma_bell_free(struct urdma_cq *cq)
 
 void urdma_bell_tick(struct urdma_cq *cq, uint64_t now)
 {
-	if (!atomic_load_explicit(&cq->bell, memory_order_relaxed) ||
+	if (!urdma_bell_on(cq) ||
 	    now - cq->bell_swept_ns < BELL_SWEEP_NS)
 		return;
 	cq->bell_swept_ns = now;

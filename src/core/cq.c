@@ -94,7 +94,7 @@ static uint32_t cq_ready_locked(struct urdma_cq *cq)
 	uint32_t n = cq->tail - cq->head;
 	struct urdma_qp *qp;
 
-	if (urdma_bell_of(cq))
+	if (urdma_bell_on(cq))
 		return n + urdma_bell_ready(cq);
 	list_for_each_entry(qp, &cq->ring_qps, ring_node)
 		n += urdma_rq_ready(qp);
@@ -111,7 +111,7 @@ static bool cq_holds_locked(struct urdma_cq *cq)
 
 	if (cq->head != cq->tail)
 		return true;
-	if (urdma_bell_of(cq)) {
+	if (urdma_bell_on(cq)) {
 		if (urdma_bell_holds(cq))
 			return true;
 	} else {
@@ -636,7 +636,7 @@ static int cq_harvest(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 	struct urdma_qp *qp;
 	int n = 0;
 
-	if (urdma_bell_of(cq))
+	if (urdma_bell_on(cq))
 		n = urdma_bell_harvest(cq, num, wc);
 	else
 		list_for_each_entry(qp, &cq->ring_qps, ring_node) {

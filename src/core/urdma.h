@@ -174,9 +174,8 @@ struct urdma_cq {
 	/* The bell (core/bell.c): from URDMA_BELL_MIN ring QPs on, a poll
 	 * harvests only the QPs whose slots deliverers rang, and those in
 	 * carry (without a slot).  Under lock, but for bell_sweep and
-	 * bell_swept_ns (the progress thread's, which reads bell too). */
-	/* NULL: off, ring_qps is walked; else shm */
-	_Atomic(struct urdma_shm_bell *) bell;
+	 * bell_swept_ns (the progress thread's, which reads bell_on too). */
+	_Atomic bool bell_on; /* off: ring_qps is walked */
 	_Atomic bool bell_sweep;   /* every ring QP's slot rung at the next look */
 	uint64_t bell_swept_ns;    /* when the progress thread last asked */
 	uint32_t nring;		   /* in ring_qps */
@@ -703,20 +702,20 @@ void urdma_cq_moderation_due(struct urdma_cq *cq, uint64_t now);
 /* The CQ's shared block (bell.c; struct urdma_shm_bell): made with the
  * CQ (new), freed with it.  The owner's side, under cq->lock: a receive
  * QP joins or leaves the CQ (its block names the CQ's; a ring QP gets a
- * slot, and the bell goes on at URDMA_BELL_MIN of them); once cq->bell is
- * on, the poll's harvest of the QPs rung or carried, whether one holds a
- * completion, how many they hold.  tick: the progress thread asks for a
- * sweep now and then (a ring a peer lost).  own: a receive of qp
- * completed in this process (TCP, a flush).  A deliverer that published a
- * receive of d's QP: dest_notify rings the bell and claims the CQ's
- * notify (true: armed; 'fired' set, wake the owner, or with p NULL, our
- * own QP's, fire it); dest_ring only rings
- * (a receive with no event). */
+ * slot, and the bell goes on at URDMA_BELL_MIN of them); once it is on
+ * (urdma_bell_on), the poll's harvest of the QPs rung or carried, whether
+ * one holds a completion, how many they hold.  tick: the progress thread
+ * asks for a sweep now and then (a ring a peer lost).  own: a receive of
+ * qp completed in this process (TCP, a flush).  A deliverer that
+ * published a receive of d's QP: dest_notify rings the bell and claims
+ * the CQ's notify (true: armed; 'fired' set, wake the owner, or with p
+ * NULL, our own QP's, fire it); dest_ring only rings (a receive with no
+ * event). */
 #define URDMA_BELL_MIN 16u
 #define URDMA_BELL_NONE UINT32_MAX
-static inline struct urdma_shm_bell *urdma_bell_of(struct urdma_cq *cq)
+static inline bool urdma_bell_on(struct urdma_cq *cq)
 {
-	return atomic_load_explicit(&cq->bell, memory_order_acquire);
+	return atomic_load_explicit(&cq->bell_on, memory_order_relaxed);
 }
 int urdma_bell_new(struct urdma_cq *cq);
 void urdma_bell_add(struct urdma_cq *cq, struct urdma_qp *qp);
