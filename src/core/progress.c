@@ -50,6 +50,19 @@ static _Atomic uint64_t sleep_end, due;
  * but not the wake block).
  */
 #define FIRE_GAP_NS 20000ull
+
+/* How long until the CQs peers marked fire: 0 now, UINT64_MAX if none
+ * is marked. */
+static uint64_t fire_wait_ns(uint64_t last_fire)
+{
+	uint64_t now;
+
+	if (!urdma_wake_fired())
+		return UINT64_MAX;
+	now = urdma_now_ns();
+	return now - last_fire >= FIRE_GAP_NS ? 0 :
+						last_fire + FIRE_GAP_NS - now;
+}
 /* Every CQ of the process, under cqs_lock alone: firing what peers marked
  * waits for no pass over the QPs (which holds ctx_lock and each context's
  * lock, about a millisecond with 8,192 QPs).  Under cqs_lock only a CQ's
@@ -271,7 +284,7 @@ static void *progress_main(void *arg)
 
 	while (!atomic_load(&stop)) {
 		struct epoll_event evs[16];
-		uint64_t now, wait = pending ? PENDING_NS : IDLE_NS;
+		uint64_t now, fire_wait, wait = pending ? PENDING_NS : IDLE_NS;
 		uint64_t gap = SWEEP_GAP * (sweep_ns[0] < sweep_ns[1] ?
 						    sweep_ns[0] : sweep_ns[1]);
 
@@ -286,13 +299,9 @@ static void *progress_main(void *arg)
 			else if (last_sweep + gap - now < wait)
 				wait = last_sweep + gap - now;
 		}
-		if (urdma_wake_fired()) { /* nor than a fire put off */
-			now = urdma_now_ns();
-			if (now - last_fire >= FIRE_GAP_NS)
-				wait = 0;
-			else if (last_fire + FIRE_GAP_NS - now < wait)
-				wait = last_fire + FIRE_GAP_NS - now;
-		}
+		fire_wait = fire_wait_ns(last_fire); /* nor than a fire */
+		if (fire_wait < wait)
+			wait = fire_wait;
 		n = progress_sleep(evs, 16, wait);
 
 		for (int i = 0; i < n; i++) {
@@ -311,7 +320,7 @@ static void *progress_main(void *arg)
 		}
 		release_retired();
 		now = urdma_now_ns();
-		if (urdma_wake_fired() && now - last_fire >= FIRE_GAP_NS) {
+		if (!fire_wait_ns(last_fire)) {
 			last_fire = now;
 			urdma_wake_take_fired();
 		}

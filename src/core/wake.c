@@ -10,9 +10,9 @@
  * ibv_get_cq_event (the channel fd blocking, nothing queued) sleeps on a
  * futex in the process's wake block (shared.h, struct urdma_shm_wake),
  * which every QP's block names; the peer bumps it and wakes the thread,
- * which fires the CQs its peers marked (their blocks' 'fired') itself.  With nobody
- * asleep there, peers wake the progress thread as before, so programs that
- * poll() or epoll the channel fd are served the old way.
+ * which fires the CQs its peers marked (their blocks' 'fired') itself.
+ * With nobody asleep there, peers wake the progress thread as before, so
+ * programs that poll() or epoll the channel fd are served the old way.
  *
  * The rules (each a Dekker pair, all RMWs and seq_cst):
  *  - a sleeper counts itself in (sleepers: ours, and the block's hint for
