@@ -28,7 +28,7 @@
  * takes each as rdma_get_recv_comp does (poll, arm, poll, sleep in
  * ibv_get_cq_event); each must wake it within 5 s.  Their mean time,
  * post to taken, is printed, not judged.
- * Prints one "cq_scale: ..." line; exits 0 when every check held.
+ * Prints "cq_scale: ..." lines; exits 0 when every check held.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -235,7 +235,7 @@ static void arm(void)
 		DIE("ibv_req_notify_cq failed");
 }
 
-/* ns per empty poll of the shared CQ, and per arm of it. */
+/* ns per empty poll of the shared CQ. */
 static double empty_poll_ns(void)
 {
 	return per_call_ns(poll_empty, npairs > 1000 ? 2000 : 20000);

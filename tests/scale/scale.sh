@@ -10,8 +10,8 @@
 #        ibv_modify_qp fails with EMFILE, or the Write completes in error,
 #        never a silent success.
 #   cq_scale: 4,096 QPs feeding one receive CQ, from one SRQ and from
-#        rings of their own: a poll costs what it costs with one QP, every
-#        message taken once.
+#        rings of their own: a poll and an arm cost what they cost with
+#        one QP, every message taken once.
 # Usage: scale.sh BUILD_DIR     (exit 0 pass, 1 fail)
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=../compat/common.sh
@@ -21,7 +21,7 @@ QS=$BUILD/bin/qp_scale
 CQS=$BUILD/bin/cq_scale
 
 # prog_case NAME TRANSPORT TIMEOUT PROG ARGS...: PROG (qp_scale or
-# cq_scale) must exit 0 and print its line.
+# cq_scale) must exit 0 and print its lines.
 prog_case() {
     local name=$1 tr=$2 t=$3 prog=$4 tag
     shift 4
@@ -48,14 +48,15 @@ scale_case "shm: 16384 QPs" shm 120 16384
 # each with its own receives.  On the SRQ an empty poll took 7,500 times as
 # long as with one QP, a message 950 times (the poll walked every QP, and
 # the SRQ's taker searched its QPs' list for each completion); with rings
-# of their own 4,900 and 480 times (the walk), until the CQ's bell.
+# of their own 4,900 and 480 times (the walk), until the CQ's bell; and
+# an arm 7,500 times (it wrote every QP's block) until one notify word.
 cq_case() {
     local name=$1 t=$2
     shift 2
     prog_case "$name" shm "$t" "$CQS" "$@"
 }
-cq_case "shm: a CQ behind 4096 QPs on an SRQ polls as behind 1" 60 4096 srq
-cq_case "shm: a CQ behind 4096 QPs with own rings polls as behind 1" 60 4096 ring
+cq_case "shm: a CQ behind 4096 QPs on an SRQ polls and arms as behind 1" 60 4096 srq
+cq_case "shm: a CQ behind 4096 QPs with own rings polls and arms as behind 1" 60 4096 ring
 scale_case "shm: 2048 QPs, mappings nearly used up" shm 60 2048 --limit maps
 # A QP takes no mapping (its blocks are in the identity memfd): all of them
 # must connect and write, not only fail cleanly.
