@@ -435,10 +435,16 @@ int main(int argc, char **argv)
 		int m = atoi(argv[3]);
 		double t0 = now_ns();
 
+		const char *max_env = getenv("CQS_EVENT_US");
+		double us;
+
 		events_run(m);
+		us = (now_ns() - t0) / m / 1e3;
 		printf("cq_scale: %s, %d pairs: %d Sends to a receiver asleep "
-		       "on its channel, %.1f us each\n", argv[2], n, m,
-		       (now_ns() - t0) / m / 1e3);
+		       "on its channel, %.1f us each\n", argv[2], n, m, us);
+		if (max_env && us > atof(max_env))
+			DIE("a Send to a receiver asleep on its channel took "
+			    "%.0f us on average, more than %s", us, max_env);
 	}
 	printf("cq_scale: %s, %d pairs: ibv_req_notify_cq %.0f ns (1 pair: "
 	       "%.0f, ratio %.1f)\n", argv[2], n, an, a1, an / a1);

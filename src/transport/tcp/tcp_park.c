@@ -296,9 +296,15 @@ void tcp_armed(struct urdma_qp *qp)
 {
 	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
 
-	if (c)
-		tx_hold_push(c); /* the application is about to sleep */
-	if (!c || !atomic_load(&c->parked))
+	if (!c)
+		return;
+	/* The application is about to sleep: what it holds back for its
+	 * next message goes now, and so do the answers a poll of it held
+	 * for that message (HOLD_APP_NS): it will not come. */
+	tx_hold_push(c);
+	if (atomic_load(&c->rsp_n))
+		rsp_send(c);
+	if (!atomic_load(&c->parked))
 		return;
 	if (pthread_mutex_trylock(&c->rx_lock)) {
 		urdma_progress_kick();
