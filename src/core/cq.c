@@ -308,6 +308,7 @@ struct urdma_cq *urdma_cq_new(struct ibv_context *context, int cqe,
 		cq->chan = to_uchan(channel);
 		__atomic_add_fetch(&channel->refcnt, 1, __ATOMIC_ACQ_REL);
 	}
+	cq->watch_epfd = -1;
 	urdma_progress_add_cq(cq);
 	return cq;
 }
@@ -408,6 +409,8 @@ int urdma_destroy_cq(struct ibv_cq *ibcq)
 		pthread_mutex_unlock(&ibcq->mutex);
 		__atomic_sub_fetch(&ch->ch.refcnt, 1, __ATOMIC_ACQ_REL);
 	}
+	if (cq->watch_epfd >= 0)
+		close(cq->watch_epfd);
 	urdma_free(cq->ring);
 	urdma_bell_free(cq);
 	pthread_mutex_destroy(&cq->lock);
@@ -544,64 +547,88 @@ static void cq_progress_sends(struct urdma_cq *cq)
 		urdma_qp_progress(qps[i]);
 }
 
-/* Count qp in as a poller of its transport if it has one that polls.
- * Under cq->lock; qp->tr read once (qp_disconnect clears it under the
- * send CQ's lock only, then waits for the pollers counted here). */
-#define CQ_POLLERS 8 /* transports polled per ibv_poll_cq */
+/* The transports ibv_poll_cq enters, at most URDMA_CQ_POLLERS a call. */
+struct cq_pollers {
+	const struct urdma_transport_ops *tr[URDMA_CQ_POLLERS];
+	struct urdma_qp *qp[URDMA_CQ_POLLERS];
+	enum urdma_poll_hint hint[URDMA_CQ_POLLERS];
+	int n;
+};
 
-static int cq_take_poller(struct urdma_qp *qp,
-			  const struct urdma_transport_ops **trs,
-			  struct urdma_qp **qps, int n)
+/* Count qp in as a poller of its transport if it has one that polls, and
+ * is not in already.  Under cq->lock; qp->tr read once (qp_disconnect
+ * clears it under the send CQ's lock only, then waits for the pollers
+ * counted here). */
+static void cq_take_poller(struct cq_pollers *p, struct urdma_qp *qp,
+			   enum urdma_poll_hint hint)
 {
 	const struct urdma_transport_ops *tr =
 		__atomic_load_n(&qp->tr, __ATOMIC_RELAXED);
 
-	if (n >= CQ_POLLERS || !tr || !tr->poll)
-		return n;
+	if (p->n >= URDMA_CQ_POLLERS || !tr || !tr->poll)
+		return;
+	for (int i = 0; i < p->n; i++)
+		if (p->qp[i] == qp)
+			return;
 	atomic_fetch_add(&qp->pollers, 1);
-	trs[n] = tr;
-	qps[n] = qp;
-	return n + 1;
+	p->tr[p->n] = tr;
+	p->qp[p->n] = qp;
+	p->hint[p->n++] = hint;
+}
+
+/* In the turn of the CQ's lists: qp, with what the readiness set said. */
+static void cq_take_turn(struct urdma_cq *cq, struct cq_pollers *p,
+			 struct urdma_qp *qp, bool asked)
+{
+	cq_take_poller(p, qp,
+		       asked && urdma_cq_watches(cq, qp) ? URDMA_POLL_IDLE :
+							   URDMA_POLL_LOOK);
 }
 
 /* The CQ's QPs whose transports receive in software (TCP), counted in as
- * pollers: CQ_POLLERS at most, and the next call starts after them (the
- * list turns), so that each QP's stream is taken in turn and a CQ of
- * thousands of QPs costs no walk of them all per poll.  Under cq->lock.
- * Returns how many. */
-static int cq_take_pollers(struct urdma_cq *cq,
-			   const struct urdma_transport_ops **trs,
-			   struct urdma_qp **qps, bool *xrc)
+ * pollers: first those whose sockets the CQ's readiness set names, then the
+ * lists' turn, URDMA_CQ_POLLERS at most, and the next call starts after
+ * them (the lists turn), so that each QP's stream is taken in turn and a CQ
+ * of thousands of QPs costs no walk of them all per poll.  A watched QP the
+ * set did not name is entered all the same (IDLE: no look at its socket):
+ * its stream's upkeep on a poll (held answers, parking) is the
+ * transport's.  Under cq->lock.  Returns whether an XRC target is among
+ * them. */
+static bool cq_take_pollers(struct urdma_cq *cq, struct cq_pollers *p)
 {
+	struct urdma_qp *ready[URDMA_CQ_POLLERS], *qp;
 	struct urdma_srq *srq;
-	struct urdma_qp *qp;
-	int n = 0, m;
+	bool asked = cq->watch_epfd >= 0;
+	int m, k = asked ? urdma_cq_ready(cq, ready, URDMA_CQ_POLLERS) : 0;
 
+	for (int i = 0; i < k; i++)
+		cq_take_poller(p, ready[i], URDMA_POLL_READY);
 	list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
-		if (n == CQ_POLLERS) {
+		if (p->n == URDMA_CQ_POLLERS) {
 			list_rotate_to(&cq->recv_qps, &qp->rcq_node);
 			break;
 		}
-		n = cq_take_poller(qp, trs, qps, n);
+		cq_take_turn(cq, p, qp, asked);
 	}
 	list_for_each_entry(qp, &cq->send_qps, scq_node) {
-		if (n == CQ_POLLERS) {
+		if (p->n == URDMA_CQ_POLLERS) {
 			list_rotate_to(&cq->send_qps, &qp->scq_node);
 			break;
 		}
 		if (qp->rcq != cq)
-			n = cq_take_poller(qp, trs, qps, n);
+			cq_take_turn(cq, p, qp, asked);
 	}
 	/* The targets that feed the CQ's XRC SRQs: what they receive goes
 	 * to an SRQ, to be drained again (urdma_cq_poll). */
-	m = n;
+	m = p->n;
 	if (atomic_load_explicit(&urdma_xrc_polled, memory_order_relaxed))
 		list_for_each_entry(srq, &cq->xrc_srqs, cq_node)
-			n = urdma_xrc_take_pollers(to_uctx(cq->ibcq.context),
-						   srq->xrcd->id, trs, qps, n,
-						   CQ_POLLERS);
-	*xrc = n > m;
-	return n;
+			p->n = urdma_xrc_take_pollers(
+				to_uctx(cq->ibcq.context), srq->xrcd->id, p->tr,
+				p->qp, p->n, URDMA_CQ_POLLERS);
+	for (int i = m; i < p->n; i++)
+		p->hint[i] = URDMA_POLL_LOOK;
+	return p->n > m;
 }
 
 /* The ring's completions, at most num, with their times in ts if it is
@@ -754,10 +781,9 @@ static void cq_drain_srqs(struct urdma_cq *cq)
 int urdma_cq_poll(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 		  uint64_t *ts)
 {
-	const struct urdma_transport_ops *trs[CQ_POLLERS];
-	struct urdma_qp *qps[CQ_POLLERS];
+	struct cq_pollers p = { .n = 0 };
 	bool xrc = false;
-	int n, np = 0;
+	int n;
 
 	if (atomic_load_explicit(&cq->sq_pending, memory_order_relaxed))
 		cq_progress_sends(cq);
@@ -771,18 +797,18 @@ int urdma_cq_poll(struct urdma_cq *cq, int num, struct ibv_wc *wc,
 	    (atomic_load_explicit(&cq->polled_qps, memory_order_relaxed) ||
 	     (!list_empty(&cq->xrc_srqs) &&
 	      atomic_load_explicit(&urdma_xrc_polled, memory_order_relaxed))))
-		np = cq_take_pollers(cq, trs, qps, &xrc);
+		xrc = cq_take_pollers(cq, &p);
 	if (n == num && num)
 		cq_fire_left_locked(cq);
 	pthread_mutex_unlock(&cq->lock);
-	if (!np)
+	if (!p.n)
 		return n;
 	/* Outside cq->lock: the receive path completes WRs into CQs.  What
 	 * has arrived is taken here, so a polling application needs no
 	 * thread switch. */
-	for (int i = 0; i < np; i++) {
-		trs[i]->poll(qps[i]);
-		atomic_fetch_sub(&qps[i]->pollers, 1);
+	for (int i = 0; i < p.n; i++) {
+		p.tr[i]->poll(p.qp[i], p.hint[i]);
+		atomic_fetch_sub(&p.qp[i]->pollers, 1);
 	}
 	if (xrc)
 		cq_drain_srqs(cq);

@@ -189,6 +189,7 @@ struct urdma_cq {
 	uint32_t arm_no; /* ibv_req_notify_cq calls, in notify (shared.h) */
 	_Atomic int sq_pending; /* a send QP has WRs waiting to be retried */
 	_Atomic int polled_qps; /* QPs whose transport receives in poll_cq */
+	int watch_epfd; /* their sockets' readiness set, or -1 (cq_watch.c) */
 	_Atomic int armed_qps;	/* receive QPs whose transport has tr->armed */
 	_Atomic int srq_qps;	/* receive QPs on an SRQ */
 	/* CQ moderation (ibv_modify_cq): an armed CQ's event waits for
@@ -444,6 +445,7 @@ struct urdma_qp {
 	/* the transport that made the QPN (qpn_reserve), or NULL */
 	const struct urdma_transport_ops *qpn_tr;
 	_Atomic int pollers; /* ibv_poll_cq threads driving tr->poll */
+	_Atomic uint8_t fd_watch; /* URDMA_WATCH_*: in its CQs' readiness sets */
 	/* shared memory: the peer's context, and its QP's receive queue */
 	struct urdma_peer *peer;
 	struct urdma_shm_dest dst;
@@ -792,6 +794,18 @@ uint32_t urdma_xsrq_gen(void);
 int urdma_xsrq_pds(uint64_t xrcd_id, const struct urdma_context *uctx,
 		   uint32_t *pds, int max);
 void urdma_xrc_tgt_add(struct urdma_qp *qp);
+/* A CQ's readiness set (cq_watch.c): the sockets of the QPs a poll
+ * receives for, in a CQ that polls more than URDMA_CQ_POLLERS of them
+ * (transports polled per ibv_poll_cq). */
+#define URDMA_CQ_POLLERS 8
+#define URDMA_WATCH_RCQ 1
+#define URDMA_WATCH_SCQ 2
+#define URDMA_WATCH_FAILED 4 /* (epoll_ctl failed: polls look) */
+void urdma_cq_watch_fd(struct urdma_qp *qp, int fd);
+void urdma_cq_unwatch_fd(struct urdma_qp *qp, int fd);
+int urdma_cq_ready(struct urdma_cq *cq, struct urdma_qp **qps, int max);
+bool urdma_cq_watches(const struct urdma_cq *cq, struct urdma_qp *qp);
+
 /* ibv_poll_cq on a CQ with XRC SRQs drives the streams of the targets of
  * their domains in its context (TCP): taken as cq.c takes its QPs'
  * (counted in qp->pollers), from n up to max.  urdma_xrc_polled: how

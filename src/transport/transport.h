@@ -9,6 +9,12 @@
 
 #include "core/urdma.h"
 
+/* What ibv_poll_cq knows of a QP's stream as it enters tr->poll: the CQ's
+ * readiness set (urdma_cq_watch_fd) named it (READY), or watches it and
+ * did not (IDLE: nothing to read when the set was asked), or does not
+ * watch it (LOOK: the transport looks itself). */
+enum urdma_poll_hint { URDMA_POLL_LOOK, URDMA_POLL_READY, URDMA_POLL_IDLE };
+
 enum urdma_tx {
 	URDMA_TX_DONE,	    /* finished; *status tells how */
 	URDMA_TX_RNR,	    /* the responder has no receive posted yet */
@@ -31,8 +37,9 @@ struct urdma_transport_ops {
 	/* Optional.  Progress thread: connection upkeep and receive; returns
 	 * whether it wants to be called again soon. */
 	bool (*maintain)(struct urdma_qp *qp);
-	/* Optional.  ibv_poll_cq: take what has arrived, without waiting. */
-	void (*poll)(struct urdma_qp *qp);
+	/* Optional.  ibv_poll_cq: take what has arrived, without waiting;
+	 * hint: what the CQ's readiness set says of the QP's stream. */
+	void (*poll)(struct urdma_qp *qp, enum urdma_poll_hint hint);
 	/* Optional.  The QP is about to be destroyed: take what has arrived
 	 * and answer what waits for an answer, as a NIC acknowledges the
 	 * messages it received whether or not the application polls them.

@@ -64,7 +64,7 @@ void urdma_shm_ud_forget(struct urdma_qp *qp);
 /* udp.c */
 void urdma_udp_send(struct urdma_qp *qp, const struct urdma_swqe *w,
 		    const struct urdma_ud_msg *m);
-void urdma_udp_poll(struct urdma_qp *qp);
+void urdma_udp_poll(struct urdma_qp *qp, enum urdma_poll_hint hint);
 void urdma_udp_armed(struct urdma_qp *qp);
 void urdma_udp_tick(void);
 int urdma_udp_qpn_reserve(uint32_t *qpn);

@@ -418,7 +418,7 @@ void tx_unpark(struct tcp_conn *c, bool wait);
 void conn_cb(struct urdma_watcher *w, uint32_t events);
 void conn_spins(struct tcp_conn *c);
 void tcp_drain(struct urdma_qp *qp);
-void tcp_poll(struct urdma_qp *qp);
+void tcp_poll(struct urdma_qp *qp, enum urdma_poll_hint hint);
 void tcp_armed(struct urdma_qp *qp);
 /* tcp_transport.c */
 int tcp_peer_addr(struct urdma_qp *qp, const struct ibv_qp_attr *attr,

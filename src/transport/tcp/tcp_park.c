@@ -199,7 +199,7 @@ static bool rx_mid_untagged(struct tcp_conn *c)
 	       !atomic_load(&c->stalled);
 }
 
-void tcp_poll(struct urdma_qp *qp)
+void tcp_poll(struct urdma_qp *qp, enum urdma_poll_hint hint)
 {
 	struct tcp_conn *c = __atomic_load_n(&qp->tr_priv, __ATOMIC_ACQUIRE);
 
@@ -217,10 +217,16 @@ void tcp_poll(struct urdma_qp *qp)
 	atomic_store_explicit(&c->last_poll_ns, now, memory_order_relaxed);
 	if (pthread_mutex_trylock(&c->rx_lock))
 		return;
+	/* A poll that looks itself: into the CQs' readiness sets, if they
+	 * watch (once; c->qp set: tcp_disconnect takes it out after). */
+	if (hint == URDMA_POLL_LOOK && c->qp)
+		urdma_cq_watch_fd(qp, c->fd);
 	msgs = c->rx_msgs;
 	writes = c->rx_writes;
 	recvs = c->rx_recvs;
-	if (c->rlen || atomic_load(&c->stalled) || rx_ready(c))
+	/* (the CQ's readiness set may have said already) */
+	if (c->rlen || atomic_load(&c->stalled) ||
+	    (hint == URDMA_POLL_LOOK ? rx_ready(c) : hint == URDMA_POLL_READY))
 		rx_locked(c, HOLD_APP_NS);
 	/* Polls that take no message, back to back (a poll loop, not one
 	 * poll per call of an application that then spins on memory).  Part

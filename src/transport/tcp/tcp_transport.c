@@ -167,6 +167,9 @@ static void tcp_disconnect(struct urdma_qp *qp)
 		rcv_abandon(c);
 		c->qp = NULL;
 		pthread_mutex_unlock(&c->rx_lock);
+		/* out of the CQs' readiness sets before the socket closes
+		 * (conn_release), and before the QP leaves its CQs */
+		urdma_cq_unwatch_fd(qp, c->fd);
 		conn_bury(c);
 	}
 	qp->tr_priv = NULL;

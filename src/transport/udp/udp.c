@@ -410,11 +410,12 @@ static void udp_armed_sock(struct udp_sock *s)
 		sock_park(s, false);
 }
 
-void urdma_udp_poll(struct urdma_qp *qp)
+void urdma_udp_poll(struct urdma_qp *qp, enum urdma_poll_hint hint)
 {
 	struct udp_sock *s = qp->tr_priv;
 	uint64_t now;
 
+	(void)hint; /* (UDP's sockets are in no CQ's readiness set) */
 	if (!s)
 		return;
 	now = urdma_now_ns();
