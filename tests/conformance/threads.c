@@ -320,11 +320,159 @@ static void mt_poll_child(struct t_peer *p, void *arg)
 			 DEADLINE_MS + 5000);
 }
 
+/* ------------------------------------------------------------------ */
+/* One thread polls a CQ behind many QPs while another resets and      */
+/* destroys them one by one                                            */
+/* ------------------------------------------------------------------ */
+
+/* More QPs than a poll enters at once (8): over TCP the CQ then keeps
+ * their sockets in a readiness set, which names QPs by pointer; each must
+ * leave it before it goes.  Every QP still there keeps working. */
+#define CHURN_QPS 12
+#define CHURN_ROUNDS 6 /* Writes over every QP left, between two losses */
+
+struct churn {
+	struct ibv_cq *cq;
+	atomic_int ok, errors, stop;
+};
+
+static void *churn_poller(void *arg)
+{
+	struct churn *c = arg;
+
+	while (!atomic_load(&c->stop)) {
+		struct ibv_wc wc[8];
+		int n = ibv_poll_cq(c->cq, 8, wc);
+
+		if (n < 0) {
+			atomic_fetch_add(&c->errors, 1);
+			return NULL;
+		}
+		for (int i = 0; i < n; i++) {
+			/* (a QP reset or destroyed with Writes out may flush
+			 * them; the others must succeed) */
+			if (wc[i].wr_id >= CHURN_QPS)
+				continue; /* (the Write out as its QP goes) */
+			if (wc[i].status == IBV_WC_SUCCESS)
+				atomic_fetch_add(&c->ok, 1);
+			else if (wc[i].status != IBV_WC_WR_FLUSH_ERR)
+				atomic_fetch_add(&c->errors, 1);
+		}
+	}
+	return NULL;
+}
+
+/* CHURN_QPS QPs on r's one CQ, each connected to one of the peer's. */
+static void churn_connect(struct t_peer *p, struct t_res *r, struct ibv_qp **qps,
+			  const struct ibv_mr *mr, struct t_conn *remote)
+{
+	for (int i = 0; i < CHURN_QPS; i++) {
+		struct ibv_qp_init_attr ia = {
+			.send_cq = r->send_cq,
+			.recv_cq = r->recv_cq,
+			.qp_type = IBV_QPT_RC,
+			.cap = { .max_send_wr = 16, .max_recv_wr = 16,
+				 .max_send_sge = 1, .max_recv_sge = 1 },
+		};
+		struct t_conn local;
+
+		qps[i] = ibv_create_qp(r->pd, &ia);
+		REQUIRE(qps[i], "ibv_create_qp %d: %s", i, strerror(errno));
+		r->qp = qps[i];
+		t_conn_local(r, mr, &local);
+		t_exchange(p, &local, remote);
+		t_connect(r, remote);
+	}
+	r->qp = NULL;
+	t_barrier(p);
+}
+
+static void churn_parent(struct t_peer *p, void *arg)
+{
+	struct t_opts o = t_opts_default();
+	struct ibv_qp *qps[CHURN_QPS];
+	struct churn *c = calloc(1, sizeof(*c));
+	struct t_conn remote;
+	struct t_res r;
+	pthread_t th;
+	int want = 0;
+
+	o.create_qp = false;
+	o.cq_size = 1024;
+	t_res_open(&r, &o);
+	REQUIRE(c, "calloc");
+	char *buf = t_alloc(4096);
+	struct ibv_mr *mr = t_reg(&r, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	churn_connect(p, &r, qps, mr, &remote);
+	c->cq = r.send_cq;
+	REQUIRE(pthread_create(&th, NULL, churn_poller, c) == 0, "pthread_create");
+	for (int gone = 0; gone < CHURN_QPS; gone++) {
+		uint64_t until = t_now_ms() + 20000;
+
+		for (int k = 0; k < CHURN_ROUNDS; k++)
+			for (int i = gone; i < CHURN_QPS; i++) {
+				int ret = t_post_send(qps[i], (uint64_t)i, IBV_WR_RDMA_WRITE,
+						      buf + i * 64, 64, mr->lkey,
+						      IBV_SEND_SIGNALED,
+						      remote.addr + (uint64_t)i * 64,
+						      remote.rkey);
+
+				CHECK(ret == 0, "post Write on QP %d: %d", i, ret);
+				want += ret == 0;
+			}
+		while (atomic_load(&c->ok) < want && !atomic_load(&c->errors) &&
+		       t_now_ms() < until)
+			sched_yield();
+		CHECK(atomic_load(&c->ok) == want,
+		      "%d QPs lost: %d of %d Writes completed", gone,
+		      atomic_load(&c->ok), want);
+		if (atomic_load(&c->ok) != want)
+			break;
+		/* Writes out, then the QP goes while the other thread polls:
+		 * the odd ones through RESET first. */
+		t_post_send(qps[gone], 99, IBV_WR_RDMA_WRITE, buf, 64, mr->lkey,
+			    IBV_SEND_SIGNALED, remote.addr, remote.rkey);
+		if (gone & 1)
+			CHECK(t_modify_state(qps[gone], IBV_QPS_RESET) == 0,
+			      "QP %d to RESET", gone);
+		CHECK(ibv_destroy_qp(qps[gone]) == 0, "ibv_destroy_qp %d", gone);
+	}
+	atomic_store(&c->stop, 1);
+	pthread_join(th, NULL);
+	CHECK(atomic_load(&c->errors) == 0, "%d failed polls or completions",
+	      atomic_load(&c->errors));
+	t_barrier(p);
+	t_res_close(&r);
+	free(buf);
+	free(c);
+}
+
+static void churn_child(struct t_peer *p, void *arg)
+{
+	struct t_opts o = t_opts_default();
+	struct ibv_qp *qps[CHURN_QPS];
+	struct t_conn remote;
+	struct t_res r;
+
+	o.create_qp = false;
+	t_res_open(&r, &o);
+	char *buf = t_alloc(4096);
+	struct ibv_mr *mr = t_reg(&r, buf, 4096,
+				  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	churn_connect(p, &r, qps, mr, &remote);
+	t_barrier_timeout(p, 50000);
+	for (int i = 0; i < CHURN_QPS; i++)
+		ibv_destroy_qp(qps[i]);
+	t_res_close(&r);
+	free(buf);
+}
+
 int main(int argc, char **argv)
 {
 	t_init(argc, argv);
 	t_set_case_timeout(55);
 	t_pair("threads_post_one_qp", mt_post_parent, mt_post_child, NULL);
 	t_pair("threads_poll_one_cq", mt_poll_parent, mt_poll_child, NULL);
+	t_pair("threads_poll_while_qps_go", churn_parent, churn_child, NULL);
 	return t_finish();
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -387,6 +388,60 @@ out:
 		ibv_free_device_list(list);
 }
 
+/* A CQ's readiness set (cq_watch.c): a CQ that polls more than
+ * URDMA_CQ_POLLERS QPs names a watched socket when it is readable, and
+ * no longer once unwatched; a CQ that polls fewer watches nothing. */
+static void test_cq_watch(void)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	struct ibv_context *ctx = list && list[0] ? ibv_open_device(list[0]) : NULL;
+	struct urdma_qp qp = { 0 }, *got[URDMA_CQ_POLLERS];
+	struct ibv_cq *ibcq = NULL;
+	struct urdma_cq *cq;
+	int sv[2] = { -1, -1 };
+
+	CHECK(ctx != NULL);
+	if (!ctx)
+		goto out;
+	ibcq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+	CHECK(ibcq && !socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+	if (!ibcq || sv[0] < 0)
+		goto out;
+	cq = to_ucq(ibcq);
+	qp.rcq = qp.scq = cq;
+	atomic_store(&cq->polled_qps, URDMA_CQ_POLLERS); /* not more */
+	urdma_cq_watch_fd(&qp, sv[0]);
+	CHECK(atomic_load(&qp.fd_watch) == 0 && cq->watch_epfd < 0);
+	atomic_store(&cq->polled_qps, URDMA_CQ_POLLERS + 1);
+	urdma_cq_watch_fd(&qp, sv[0]);
+	CHECK(atomic_load(&qp.fd_watch) == URDMA_WATCH_RCQ &&
+	      urdma_cq_watches(cq, &qp));
+	urdma_cq_watch_fd(&qp, sv[0]); /* (once) */
+	CHECK(atomic_load(&qp.fd_watch) == URDMA_WATCH_RCQ);
+	pthread_mutex_lock(&cq->lock);
+	CHECK(urdma_cq_ready(cq, got, URDMA_CQ_POLLERS) == 0);
+	CHECK(write(sv[1], "x", 1) == 1);
+	CHECK(urdma_cq_ready(cq, got, URDMA_CQ_POLLERS) == 1 && got[0] == &qp);
+	pthread_mutex_unlock(&cq->lock);
+	urdma_cq_unwatch_fd(&qp, sv[0]);
+	CHECK(atomic_load(&qp.fd_watch) == 0 && !urdma_cq_watches(cq, &qp));
+	pthread_mutex_lock(&cq->lock);
+	CHECK(urdma_cq_ready(cq, got, URDMA_CQ_POLLERS) == 0); /* readable */
+	pthread_mutex_unlock(&cq->lock);
+	atomic_store(&cq->polled_qps, 0);
+out:
+	if (sv[0] >= 0) {
+		close(sv[0]);
+		close(sv[1]);
+	}
+	if (ibcq)
+		CHECK(!ibv_destroy_cq(ibcq));
+	if (ctx)
+		ibv_close_device(ctx);
+	if (list)
+		ibv_free_device_list(list);
+}
+
 int main(void)
 {
 	test_alloc();
@@ -397,6 +452,7 @@ int main(void)
 	test_roundup();
 	test_wake_dead_peer();
 	test_cq_block_reuse();
+	test_cq_watch();
 	printf("%d passed, %d failed\n", checks - failures, failures);
 	return failures ? 1 : 0;
 }
