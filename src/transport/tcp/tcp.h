@@ -124,22 +124,14 @@ struct tcp_rsp {
 	bool direct; /* va is in a direct MR */
 };
 
-/* Why a stream stays parked though a poll would give it back: */
+/* Why a stream stays parked until our next send ends (tx_unpark): */
 enum txp {
 	TXP_NONE,
-	/* A long send parked it; the sender reads when it ends (tx_park,
-	 * tx_unpark). */
-	TXP_SEND,
-	/* A poll that received a message or a Write while parked (tcp_poll):
-	 * the application leaves to answer it, and the polls close behind
-	 * keep the park. */
+	TXP_SEND, /* a long send parked it; the sender then reads (tx_park) */
+	/* A poll that received a message or a Write (tcp_poll); it waits for
+	 * the application's answer, and ends as that send starts
+	 * (tcp_execute), the unpark following the send. */
 	TXP_RECV,
-	/* It answered (tcp_execute): the next poll keeps the park too, and
-	 * so does every poll until two quiet ones in a row or one that
-	 * receives.  An application that left the library after its answer
-	 * and let bytes come meanwhile is taken by tcp_maintain, as after
-	 * TXP_RECV, for one that spins on memory (conn_spins). */
-	TXP_ANSWERED,
 };
 
 struct tcp_conn {
@@ -422,7 +414,7 @@ bool tcp_app_polling(struct tcp_conn *c);
 uint64_t tcp_progress_hold_ns(struct tcp_conn *c);
 void conn_park(struct tcp_conn *c, bool park);
 bool tx_park(struct tcp_conn *c);
-void tx_unpark(struct tcp_conn *c);
+void tx_unpark(struct tcp_conn *c, bool wait);
 void conn_cb(struct urdma_watcher *w, uint32_t events);
 void conn_spins(struct tcp_conn *c);
 void tcp_drain(struct urdma_qp *qp);

@@ -58,15 +58,12 @@ uint64_t tcp_progress_hold_ns(struct tcp_conn *c)
  */
 void conn_park(struct tcp_conn *c, bool park)
 {
-	uint8_t recv = TXP_RECV, answered = TXP_ANSWERED;
+	uint8_t recv = TXP_RECV;
 
 	if (park && c->shut)
 		return; /* the progress thread drops what comes */
-	if (!park) { /* a receiving poll's park ends with any unpark */
+	if (!park) /* a receiving poll's park ends with any unpark */
 		atomic_compare_exchange_strong(&c->tx_parked, &recv, TXP_NONE);
-		atomic_compare_exchange_strong(&c->tx_parked, &answered,
-					       TXP_NONE);
-	}
 	if (atomic_load(&c->parked) == park)
 		return;
 	atomic_store(&c->parked, park);
@@ -103,14 +100,19 @@ bool tx_park(struct tcp_conn *c)
 	return parked;
 }
 
-/* After a long send: end the park that waited for it (TXP_SEND, unless
- * tx_wait ended it) and take what came meanwhile. */
-void tx_unpark(struct tcp_conn *c)
+/* After a send: end the park that waited for it.  A long send's own
+ * (wait) takes what came meanwhile; a receiving poll's (its TXP_RECV
+ * already ended: tcp_execute) gives the stream back, unless someone
+ * receives now (then tcp_maintain does). */
+void tx_unpark(struct tcp_conn *c, bool wait)
 {
 	uint8_t how;
 
-	pthread_mutex_lock(&c->rx_lock);
-	how = atomic_exchange(&c->tx_parked, TXP_NONE);
+	if (wait)
+		pthread_mutex_lock(&c->rx_lock);
+	else if (pthread_mutex_trylock(&c->rx_lock))
+		return;
+	how = wait ? atomic_exchange(&c->tx_parked, TXP_NONE) : TXP_RECV;
 	if (how != TXP_NONE && !c->closing) {
 		if (how == TXP_SEND)
 			rx_locked(c, HOLD_APP_NS);
@@ -241,12 +243,9 @@ void tcp_poll(struct urdma_qp *qp, enum urdma_poll_hint hint)
 	quiet = c->quiet_polls >= 2;
 	/* A poll that received a message or a Write while parked: the
 	 * application leaves to answer it (ib_send_lat, ib_write_lat), and
-	 * the stream stays parked through the answer (TXP_RECV) and the
-	 * polls after it (TXP_ANSWERED, however long the send took): an
-	 * unpark here would put a system call between the message and the
-	 * answer, and giving the stream back after the answer cost two
-	 * epoll_ctl a message on each side and, while it was back, an
-	 * arrival woke the progress thread.  A close poll after it keeps
+	 * its send gives the stream back once the answer is on its way
+	 * (TXP_RECV, tx_unpark); an unpark here would put a system call
+	 * between the message and the answer.  A close poll after it keeps
 	 * that.  So does one that took an answer (a flush Read's Response)
 	 * with part of the next untagged message behind it (a Send: the
 	 * application polls for it): that message is still arriving;
@@ -261,22 +260,14 @@ void tcp_poll(struct urdma_qp *qp, enum urdma_poll_hint hint)
 	if (!c->qp || urdma_cq_armed(c->qp->rcq)) {
 		conn_park(c, false); /* the application is about to sleep */
 	} else if (quiet) {
-		uint8_t answered = TXP_ANSWERED;
-
 		conn_park(c, true);
-		atomic_compare_exchange_strong(&c->tx_parked, &answered,
-					       TXP_NONE);
 	} else if (atomic_load(&c->parked) && !c->quiet_polls &&
 		   now >= c->spins_until &&
 		   (c->rx_recvs != recvs || c->rx_writes != writes ||
 		    rx_mid_untagged(c))) {
-		uint8_t t = atomic_load(&c->tx_parked);
+		uint8_t none = TXP_NONE;
 
-		if (t == TXP_NONE || t == TXP_ANSWERED)
-			atomic_compare_exchange_strong(&c->tx_parked, &t,
-						       TXP_RECV);
-	} else if (atomic_load(&c->tx_parked) == TXP_ANSWERED) {
-		/* parked still: it answered and polls on */
+		atomic_compare_exchange_strong(&c->tx_parked, &none, TXP_RECV);
 	} else if (atomic_load(&c->tx_parked) != TXP_RECV ||
 		   now - prev >= TIGHT_POLL_NS) {
 		conn_park(c, false);

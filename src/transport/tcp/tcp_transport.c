@@ -346,7 +346,7 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 		  w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
 		  w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
 	uint8_t recv = TXP_RECV;
-	bool long_park;
+	bool long_park, answer;
 	int n = 0;
 
 	if (c && atomic_load(&c->dead) && qp->ibqp.qp_type == IBV_QPT_UC) {
@@ -395,12 +395,12 @@ enum urdma_tx tcp_execute(struct urdma_qp *qp, struct urdma_swqe *w,
 		return URDMA_TX_DONE;
 	long_park = !rd && w->byte_len >= TX_PARK_MIN &&
 		    !atomic_load(&c->resting) && tx_park(c);
-	/* The answer to what a receiving poll took while parked: the
-	 * stream stays parked for the application's next polls (tcp_poll).
-	 * The load first: no locked instruction per message otherwise. */
-	if (atomic_load(&c->tx_parked) == TXP_RECV)
-		atomic_compare_exchange_strong(&c->tx_parked, &recv,
-					       TXP_ANSWERED);
+	/* The answer to what a receiving poll parked the stream for: from
+	 * now on the application is not one that left it to spin on memory
+	 * (tcp_maintain), even if its CPU is taken from it in the send.  The
+	 * load first: no locked instruction per message otherwise. */
+	answer = atomic_load(&c->tx_parked) == TXP_RECV &&
+		 atomic_compare_exchange_strong(&c->tx_parked, &recv, TXP_NONE);
 	pthread_mutex_lock(&c->tx_lock);
 	/* The rest of a message a full socket cut goes first; while some
 	 * is left, this WR waits (the progress thread runs it then:
@@ -438,8 +438,8 @@ out:
 	c->tx_more = false;
 	c->tx_cut = TXC_NEVER;
 	tx_unlock(c);
-	if (long_park)
-		tx_unpark(c);
+	if (long_park || answer)
+		tx_unpark(c, long_park);
 	return r;
 }
 
@@ -587,8 +587,7 @@ bool tcp_maintain(struct urdma_qp *qp)
 		if (atomic_load(&c->parked)) {
 			bool away = !tcp_app_polling(c);
 
-			left = away && (atomic_load(&c->tx_parked) == TXP_RECV ||
-					atomic_load(&c->tx_parked) == TXP_ANSWERED);
+			left = away && atomic_load(&c->tx_parked) == TXP_RECV;
 			if (away || urdma_cq_armed(qp->rcq)) {
 				conn_park(c, false);
 				unread = true;
