@@ -586,7 +586,8 @@ static void cq_take_turn(struct urdma_cq *cq, struct cq_pollers *p,
 }
 
 /* The CQ's QPs whose transports receive in software (TCP), counted in as
- * pollers: first those whose sockets the CQ's readiness set names, then the
+ * pollers: first those whose sockets the CQ's readiness set names (half
+ * the batch at most: cq_watch.c), then the
  * lists' turn, URDMA_CQ_POLLERS at most, and the next call starts after
  * them (the lists turn), so that each QP's stream is taken in turn and a CQ
  * of thousands of QPs costs no walk of them all per poll.  A watched QP the
@@ -599,7 +600,7 @@ static bool cq_take_pollers(struct urdma_cq *cq, struct cq_pollers *p)
 	struct urdma_qp *ready[URDMA_CQ_POLLERS], *qp;
 	struct urdma_srq *srq;
 	bool asked = cq->watch_epfd >= 0;
-	int m, k = asked ? urdma_cq_ready(cq, ready, URDMA_CQ_POLLERS) : 0;
+	int m, k = asked ? urdma_cq_ready(cq, ready, URDMA_CQ_POLLERS / 2) : 0;
 
 	for (int i = 0; i < k; i++)
 		cq_take_poller(p, ready[i], URDMA_POLL_READY);

@@ -7,17 +7,22 @@
  *
  * Only a CQ that polls more than URDMA_CQ_POLLERS QPs watches: with fewer,
  * every poll looks at all of them anyway, and a CQ per QP (rdma_cm makes
- * two) would cost an fd per CQ.
+ * two) would cost an fd per CQ.  A poll takes at most half its QPs from
+ * the set: a socket that stays readable (a stream whose peer is gone, a
+ * Send waiting for a receive WR) is named at every poll, and the lists'
+ * turn must go on for the QPs the set does not watch.
  *
  * Lifetimes.  A transport watches a stream's socket once it is up, from a
  * poll that looked at the socket itself, and stops watching it
  * (urdma_cq_unwatch_fd) before that socket closes, so a socket number the
  * kernel hands out again is never taken out of a set in its old owner's
  * name.  It stops in tr->disconnect, which qp_disconnect calls after
- * clearing qp->tr, and before the QP leaves its CQs.  The set is read
- * (epoll_wait) under the CQ lock, and what it names is used before that
- * lock is let go; so a QP it names is still in the CQ, and one without a
- * transport is passed over as on the CQ's lists (cq_take_poller).
+ * clearing qp->tr and waiting for the polls inside the QP's transport,
+ * and before the QP is freed.  The set is read (epoll_wait) under the CQ
+ * lock, what it names is used before that lock is let go, and the socket
+ * leaves the set under that lock too: so a QP a poll has from the set is
+ * not freed yet, and one without a transport is passed over
+ * (cq_take_poller).
  */
 #include <errno.h>
 #include <string.h>
@@ -67,16 +72,25 @@ void urdma_cq_watch_fd(struct urdma_qp *qp, int fd)
 		cq_watch_one(qp->scq, qp, fd, URDMA_WATCH_SCQ);
 }
 
-/* Before fd closes, or stops being qp's. */
+static void cq_unwatch_one(struct urdma_cq *cq, int fd)
+{
+	/* Under the lock a poll reads the set and uses what it names:
+	 * after this, no poll holds qp from it. */
+	pthread_mutex_lock(&cq->lock);
+	epoll_ctl(cq->watch_epfd, EPOLL_CTL_DEL, fd, NULL);
+	pthread_mutex_unlock(&cq->lock);
+}
+
+/* Before fd closes, or stops being qp's, and before qp is freed. */
 void urdma_cq_unwatch_fd(struct urdma_qp *qp, int fd)
 {
 	uint8_t was = atomic_exchange(&qp->fd_watch, 0);
 
 	/* (the sets live as long as their CQs, which outlive the QP) */
 	if (was & URDMA_WATCH_RCQ)
-		epoll_ctl(qp->rcq->watch_epfd, EPOLL_CTL_DEL, fd, NULL);
+		cq_unwatch_one(qp->rcq, fd);
 	if (was & URDMA_WATCH_SCQ)
-		epoll_ctl(qp->scq->watch_epfd, EPOLL_CTL_DEL, fd, NULL);
+		cq_unwatch_one(qp->scq, fd);
 }
 
 /* Under cq->lock: the QPs whose sockets have something to read now, at
@@ -90,6 +104,7 @@ int urdma_cq_ready(struct urdma_cq *cq, struct urdma_qp **qps, int max)
 		return 0;
 	n = epoll_wait(cq->watch_epfd, ev,
 		       max < URDMA_CQ_POLLERS ? max : URDMA_CQ_POLLERS, 0);
+	/* (max: the caller leaves the rest of its batch to the lists) */
 	for (int i = 0; i < n; i++)
 		qps[i] = ev[i].data.ptr;
 	return n > 0 ? n : 0;

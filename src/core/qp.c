@@ -301,7 +301,8 @@ static void qp_count_polled(struct urdma_qp *qp, int d)
 	if (!qp->tr || !qp->tr->poll)
 		return;
 	atomic_fetch_add(&qp->scq->polled_qps, d);
-	atomic_fetch_add(&qp->rcq->polled_qps, d);
+	if (qp->rcq != qp->scq) /* (a QP once: cq_watch.c counts QPs) */
+		atomic_fetch_add(&qp->rcq->polled_qps, d);
 	if (qp->xrcd) /* and its SRQs' CQs (urdma_xrc_take_pollers) */
 		atomic_fetch_add(&urdma_xrc_polled, d);
 }
