@@ -491,25 +491,33 @@ void urdma_cq_take_fired(struct urdma_cq *cq)
 	pthread_mutex_unlock(&cq->lock);
 }
 
-/* Tell the CQ's receive QPs whose transports have tr->armed (TCP, UDP)
- * that the application may go to sleep.  Under cq->lock; no walk when
- * none has. */
+/* Read once: qp_disconnect clears it under the send CQ's lock only, then
+ * passes through the receive CQ's before the transport lets go. */
+static void cq_armed_transport(struct urdma_qp *qp)
+{
+	const struct urdma_transport_ops *tr =
+		__atomic_load_n(&qp->tr, __ATOMIC_RELAXED);
+
+	if (tr && tr->armed)
+		tr->armed(qp);
+}
+
+/* Tell the CQ's QPs whose transports have tr->armed (TCP, UDP) that the
+ * application may go to sleep: those it receives for, and those it only
+ * completes the sends of (a program that sleeps on its send CQ, as
+ * rdma_get_send_comp does, must not leave the stream to its polls).
+ * Under cq->lock; no walk when none has. */
 static void cq_armed_transports(struct urdma_cq *cq)
 {
 	struct urdma_qp *qp;
 
 	if (!atomic_load_explicit(&cq->armed_qps, memory_order_relaxed))
 		return;
-	list_for_each_entry(qp, &cq->recv_qps, rcq_node) {
-		/* Read once: qp_disconnect clears it under the send CQ's lock
-		 * only, then passes through this one before the transport
-		 * lets go. */
-		const struct urdma_transport_ops *tr =
-			__atomic_load_n(&qp->tr, __ATOMIC_RELAXED);
-
-		if (tr && tr->armed)
-			tr->armed(qp);
-	}
+	list_for_each_entry(qp, &cq->recv_qps, rcq_node)
+		cq_armed_transport(qp);
+	list_for_each_entry(qp, &cq->send_qps, scq_node)
+		if (qp->rcq != cq)
+			cq_armed_transport(qp);
 }
 
 int urdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)

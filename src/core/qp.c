@@ -290,14 +290,17 @@ struct ibv_qp *urdma_create_qp(struct ibv_pd *ibpd,
 _Atomic int urdma_held_qps;
 
 /* Count the QP in its CQs' polled_qps while its transport has tr->poll,
- * in its receive CQ's armed_qps while it has tr->armed, and in
+ * in their armed_qps while it has tr->armed, and in
  * urdma_held_qps while it has tr->release. */
 static void qp_count_polled(struct urdma_qp *qp, int d)
 {
 	if (qp->tr && qp->tr->release)
 		atomic_fetch_add(&urdma_held_qps, d);
-	if (qp->tr && qp->tr->armed)
+	if (qp->tr && qp->tr->armed) {
 		atomic_fetch_add(&qp->rcq->armed_qps, d);
+		if (qp->scq != qp->rcq)
+			atomic_fetch_add(&qp->scq->armed_qps, d);
+	}
 	if (!qp->tr || !qp->tr->poll)
 		return;
 	atomic_fetch_add(&qp->scq->polled_qps, d);

@@ -411,6 +411,7 @@ void tcp_handshake(struct tcp_conn *c, uint32_t events);
 int conn_start(struct tcp_conn *c);
 /* tcp_park.c */
 bool tcp_app_polling(struct tcp_conn *c);
+bool tcp_cq_armed(struct tcp_conn *c);
 uint64_t tcp_progress_hold_ns(struct tcp_conn *c);
 void conn_park(struct tcp_conn *c, bool park);
 bool tx_park(struct tcp_conn *c);

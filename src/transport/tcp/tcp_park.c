@@ -36,12 +36,17 @@ bool tcp_app_polling(struct tcp_conn *c)
 	return urdma_now_ns() - atomic_load(&c->last_poll_ns) < POLLING_NS;
 }
 
+/* The application armed a CQ of the stream's QP: it is about to sleep on
+ * it.  Under rx_lock (c->qp). */
+bool tcp_cq_armed(struct tcp_conn *c)
+{
+	return c->qp && (urdma_cq_armed(c->qp->rcq) || urdma_cq_armed(c->qp->scq));
+}
+
 /* The hold of a receive pass the progress thread runs (HOLD_NEAR_NS). */
 uint64_t tcp_progress_hold_ns(struct tcp_conn *c)
 {
-	return tcp_app_polling(c) && c->qp && !urdma_cq_armed(c->qp->rcq) ?
-		       HOLD_NEAR_NS :
-		       0;
+	return tcp_app_polling(c) && c->qp && !tcp_cq_armed(c) ? HOLD_NEAR_NS : 0;
 }
 
 /*
@@ -257,7 +262,7 @@ void tcp_poll(struct urdma_qp *qp, enum urdma_poll_hint hint)
 	 * a Write still to come, and tcp_maintain had to unpark): then, as
 	 * for anything else received (an answer), the stream goes back
 	 * now. */
-	if (!c->qp || urdma_cq_armed(c->qp->rcq)) {
+	if (!c->qp || tcp_cq_armed(c)) {
 		conn_park(c, false); /* the application is about to sleep */
 	} else if (quiet) {
 		conn_park(c, true);

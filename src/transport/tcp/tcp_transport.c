@@ -588,7 +588,7 @@ bool tcp_maintain(struct urdma_qp *qp)
 			bool away = !tcp_app_polling(c);
 
 			left = away && atomic_load(&c->tx_parked) == TXP_RECV;
-			if (away || urdma_cq_armed(qp->rcq)) {
+			if (away || tcp_cq_armed(c)) {
 				conn_park(c, false);
 				unread = true;
 			}
