@@ -407,12 +407,15 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	if (qp->ring_listed)
 		list_del(&qp->ring_node);
 	pthread_mutex_unlock(&rcq->lock);
-	cq_forget_qp(scq, qp);
-	if (rcq != scq)
-		cq_forget_qp(rcq, qp);
+	/* The transport first: until it lets go, its receive path may
+	 * settle a WR (urdma_qp_wr_kick) and push a completion that names
+	 * the QP; after, nothing does, and the CQs forget what was pushed. */
 	pthread_mutex_lock(&qp->sq_lock);
 	qp_disconnect(qp);
 	pthread_mutex_unlock(&qp->sq_lock);
+	cq_forget_qp(scq, qp);
+	if (rcq != scq)
+		cq_forget_qp(rcq, qp);
 	if (qp->qpn_tr)
 		qp->qpn_tr->qpn_release(ibqp->qp_num);
 	/* A deliverer still inside may write its CQ's block too (bell.c) */
