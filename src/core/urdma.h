@@ -190,7 +190,7 @@ struct urdma_cq {
 	_Atomic int sq_pending; /* a send QP has WRs waiting to be retried */
 	_Atomic int polled_qps; /* QPs whose transport receives in poll_cq */
 	int watch_epfd; /* their sockets' readiness set, or -1 (cq_watch.c) */
-	_Atomic int armed_qps;	/* receive QPs whose transport has tr->armed */
+	_Atomic int armed_qps;	/* its QPs whose transport has tr->armed */
 	_Atomic int srq_qps;	/* receive QPs on an SRQ */
 	/* CQ moderation (ibv_modify_cq): an armed CQ's event waits for
 	 * mod_count completions or mod_period_ns after the first, under

@@ -629,17 +629,24 @@ static void storm_responder(struct t_peer *p, void *arg) { event_storm(p, false)
  * about 2 ms (a separate send CQ was not looked at: 1.9 ms a Send). */
 #define SEND_COMP_N 200
 
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
 static void send_comp_sender(struct t_peer *p, void *arg)
 {
+	uint64_t took[SEND_COMP_N];
 	struct side s;
-	uint64_t t0;
 	int i;
 
 	side_open(&s, true);
 	t_connect_pair(p, &s.r, s.mr, NULL);
 	t_barrier(p); /* the receives are posted */
-	t0 = t_now_us();
 	for (i = 0; i < SEND_COMP_N; i++) {
+		uint64_t t0 = t_now_us();
 		struct ibv_wc wc;
 		int n;
 
@@ -657,15 +664,18 @@ static void send_comp_sender(struct t_peer *p, void *arg)
 			   n == 1 ? t_wc_status_str(wc.status) : "-",
 			   n == 1 ? (unsigned long long)wc.wr_id : 0ull))
 			break;
+		took[i] = t_now_us() - t0;
 	}
 	if (i == SEND_COMP_N) {
-		uint64_t us = (t_now_us() - t0) / SEND_COMP_N;
-
-		t_note("%d Sends, each waited for on the send CQ's channel: %llu us each",
-		       SEND_COMP_N, (unsigned long long)us);
-		CHECK(us < 1000, "a Send waited for on its CQ's channel took %llu us on "
-		      "average (a stream left parked while the application slept?)",
-		      (unsigned long long)us);
+		/* (the median: a busy machine's slow Sends are not the 2 ms
+		 * every Send waited) */
+		qsort(took, SEND_COMP_N, sizeof(took[0]), cmp_u64);
+		t_note("%d Sends, each waited for on the send CQ's channel: median %llu us",
+		       SEND_COMP_N, (unsigned long long)took[SEND_COMP_N / 2]);
+		CHECK(took[SEND_COMP_N / 2] < 1000,
+		      "a Send waited for on its CQ's channel took %llu us (median; a "
+		      "stream left parked while the application slept?)",
+		      (unsigned long long)took[SEND_COMP_N / 2]);
 	}
 	t_barrier(p);
 	side_close(&s);
@@ -681,7 +691,7 @@ static void send_comp_receiver(struct t_peer *p, void *arg)
 	t_connect_pair(p, &s.r, s.mr, NULL);
 	post_recvs(&s, 64, 0);
 	t_barrier(p);
-	until = t_now_ms() + 30000;
+	until = t_now_ms() + 8000; /* (the sender's barrier waits 10 s) */
 	while (got < SEND_COMP_N && t_now_ms() < until) {
 		struct ibv_wc wc[8];
 		int n = ibv_poll_cq(s.r.recv_cq, 8, wc);

@@ -426,8 +426,11 @@ static void churn_parent(struct t_peer *p, void *arg)
 		CHECK(atomic_load(&c->ok) == want,
 		      "%d QPs lost: %d of %d Writes completed", gone,
 		      atomic_load(&c->ok), want);
-		if (atomic_load(&c->ok) != want)
+		if (atomic_load(&c->ok) != want) {
+			while (gone < CHURN_QPS) /* (the rest go before the CQ) */
+				ibv_destroy_qp(qps[gone++]);
 			break;
+		}
 		/* Writes out, then the QP goes while the other thread polls:
 		 * the odd ones through RESET first. */
 		t_post_send(qps[gone], 99, IBV_WR_RDMA_WRITE, buf, 64, mr->lkey,

@@ -168,7 +168,7 @@ static void tcp_disconnect(struct urdma_qp *qp)
 		c->qp = NULL;
 		pthread_mutex_unlock(&c->rx_lock);
 		/* out of the CQs' readiness sets before the socket closes
-		 * (conn_release), and before the QP leaves its CQs */
+		 * (conn_release) and the QP is freed (cq_watch.c) */
 		urdma_cq_unwatch_fd(qp, c->fd);
 		conn_bury(c);
 	}
