@@ -483,17 +483,26 @@ static void look_child(struct t_peer *p, void *arg)
  */
 #define HOLD_ROUNDS 21
 #define HOLD_BOUND_US 20000
+/* A target that polls every 8 us (arg HOLD_OFTEN): its polls, not the
+ * progress thread, take most WRITEs, and each held the answer 2 ms until
+ * two polls without a message, however far apart, send it: 84-204 of 300
+ * WRITEs took over 1 ms before, 1 of 300 after. */
+#define HOLD_OFTEN ((void *)1)
+#define HOLD_OFTEN_ROUNDS 200
+#define HOLD_OFTEN_SLOW_US 1000
+#define HOLD_OFTEN_SLOW_MAX 20
 
 static void hold_parent(struct t_peer *p, void *arg)
 {
+	int rounds = arg == HOLD_OFTEN ? HOLD_OFTEN_ROUNDS : HOLD_ROUNDS;
 	struct initiator in;
-	uint64_t took[HOLD_ROUNDS];
+	uint64_t took[HOLD_OFTEN_ROUNDS];
 	int n = 0;
 
 	initiator_open(&in, 64, NULL);
 	t_connect_pair(p, &in.r, in.mr, &in.remote);
 	t_barrier(p); /* the target polls */
-	for (uint64_t i = 1; i <= HOLD_ROUNDS; i++) {
+	for (uint64_t i = 1; i <= (uint64_t)rounds; i++) {
 		memcpy(in.buf, &i, sizeof(i));
 		uint64_t t0 = t_now_us();
 		int ret = t_post_send(in.r.qp, i, IBV_WR_RDMA_WRITE, in.buf, sizeof(i),
@@ -504,10 +513,14 @@ static void hold_parent(struct t_peer *p, void *arg)
 				 "RDMA_WRITE"))
 			break;
 		took[n++] = t_now_us() - t0;
-		t_sleep_ms(1);
+		if (arg != HOLD_OFTEN)
+			t_sleep_ms(1);
 	}
 	t_send_u64(p, 0); /* done */
-	if (n == HOLD_ROUNDS)
+	if (n == rounds && arg == HOLD_OFTEN)
+		check_slow(took, n, HOLD_OFTEN_SLOW_US, HOLD_OFTEN_SLOW_MAX,
+			   "signaled WRITE to a target that polls every 8 us, never sends");
+	if (n == rounds)
 		check_median(took, n, HOLD_BOUND_US,
 			     "signaled WRITE to a target that polls but never sends, completed");
 	t_barrier(p);
@@ -523,10 +536,18 @@ static void hold_child(struct t_peer *p, void *arg)
 	target_open(&t, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	t_connect_pair(p, &t.r, t.mr, NULL);
 	t_barrier(p);
-	/* Poll every 100 us or so, never send, until the initiator is done. */
+	/* Poll every 100 us or so (HOLD_OFTEN: 8 us, not asleep), never send,
+	 * until the initiator is done. */
 	while (!t_fd_readable(p->fd, 0)) {
 		CHECK(ibv_poll_cq(t.r.recv_cq, 1, &wc) == 0, "a completion at the target");
-		nanosleep(&nap, NULL);
+		if (arg == HOLD_OFTEN) {
+			uint64_t t0 = t_now_us();
+
+			while (t_now_us() - t0 < 8)
+				;
+		} else {
+			nanosleep(&nap, NULL);
+		}
 	}
 	(void)t_recv_u64(p, T_WAIT_MS);
 	t_barrier(p);
@@ -1447,6 +1468,8 @@ int main(int argc, char **argv)
 	t_pair("rdma_write_target_placed_then_spins", look_parent, look_child,
 	       (void *)LOOK_PLACED);
 	t_pair("rdma_write_target_polls_never_sends", hold_parent, hold_child, NULL);
+	t_pair("rdma_write_target_polls_often_never_sends", hold_parent, hold_child,
+	       HOLD_OFTEN);
 	t_pair("rdma_write_with_imm", wimm_parent, wimm_child, NULL);
 	t_pair("rdma_read", read_parent, read_child, NULL);
 	t_pair("atomics", atomic_parent, atomic_child, NULL);

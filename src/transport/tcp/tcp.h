@@ -185,6 +185,7 @@ struct tcp_conn {
 	uint32_t rx_writes;    /* Writes placed whole (rx_lock) */
 	uint32_t rx_msgs;      /* messages of any kind taken whole (rx_lock) */
 	unsigned quiet_polls;  /* application polls that took no message */
+	unsigned idle_polls;   /* the same, however far apart */
 	/* Until then (urdma_now_ns), a receiving poll unparks at once: its
 	 * application left a TXP_RECV park to tcp_maintain while bytes came
 	 * that it did not read, so it does not answer what it receives (it
