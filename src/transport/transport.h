@@ -50,8 +50,9 @@ struct urdma_transport_ops {
 	/* Optional.  Does the QP's receive path still hold a receive WR of
 	 * its SRQ (a Send half placed)?  The QP's LAST_WQE_REACHED waits. */
 	bool (*srq_held)(struct urdma_qp *qp);
-	/* Optional.  ibv_req_notify_cq armed the QP's receive CQ: the
-	 * application may go to sleep.  Under the CQ lock. */
+	/* Optional.  ibv_req_notify_cq armed a CQ of the QP (its receive
+	 * CQ, or its send CQ if that is another): the application may go to
+	 * sleep.  Under that CQ's lock. */
 	void (*armed)(struct urdma_qp *qp);
 	/* Optional.  The engine stops running WRs: what execute held back
 	 * for the WRs it said would follow goes now (TCP: MSG_MORE).  Under

@@ -40,7 +40,10 @@ bool tcp_app_polling(struct tcp_conn *c)
  * it.  Under rx_lock (c->qp). */
 bool tcp_cq_armed(struct tcp_conn *c)
 {
-	return c->qp && (urdma_cq_armed(c->qp->rcq) || urdma_cq_armed(c->qp->scq));
+	struct urdma_qp *qp = c->qp;
+
+	return qp && (urdma_cq_armed(qp->rcq) ||
+		      (qp->scq != qp->rcq && urdma_cq_armed(qp->scq)));
 }
 
 /* The hold of a receive pass the progress thread runs (HOLD_NEAR_NS). */
@@ -236,21 +239,22 @@ void tcp_poll(struct urdma_qp *qp, enum urdma_poll_hint hint)
 	/* Polls that take no message, back to back (a poll loop, not one
 	 * poll per call of an application that then spins on memory).  Part
 	 * of a message is nothing yet: the application still waits for it. */
-	if (c->rx_msgs != msgs)
+	if (c->rx_msgs != msgs) {
 		c->quiet_polls = c->idle_polls = 0;
-	else if (c->idle_polls++, now - prev < TIGHT_POLL_NS)
-		c->quiet_polls++;
-	else
-		c->quiet_polls = 1;
+	} else {
+		c->idle_polls++;
+		c->quiet_polls = now - prev < TIGHT_POLL_NS ? c->quiet_polls + 1 : 1;
+	}
 	/* Two of them: the application waits here (park).  Answers held back
-	 * go with its next message; one that waits is not answering: send
-	 * them now.  So is one that polled twice since it took a message,
-	 * however far apart: one that polls now and then, and does not answer
-	 * on this stream (it took a peer's Write it will never see), held
-	 * the answer to that Write's flush, and so the peer's Write, for
-	 * HOLD_APP_NS (2 ms: polls 8 us apart, a Write's median 2,088 us). */
+	 * go with its next message; one that polled twice since it took a
+	 * message, however far apart (idle_polls, never below quiet_polls),
+	 * is not answering: send them now.  With the polls close together
+	 * only, one that polls now and then, and does not answer on this
+	 * stream (it took a peer's Write it will never see), held the answer
+	 * to that Write's flush, and so the peer's Write, for HOLD_APP_NS
+	 * (2 ms: polls 8 us apart, a Write's median 2,088 us). */
 	quiet = c->quiet_polls >= 2;
-	release = quiet || c->idle_polls >= 2;
+	release = c->idle_polls >= 2;
 	/* A poll that received a message or a Write while parked: the
 	 * application leaves to answer it (ib_send_lat, ib_write_lat), and
 	 * its send gives the stream back once the answer is on its way
