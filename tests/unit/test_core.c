@@ -288,6 +288,21 @@ static void test_alloc(void)
 	}
 }
 
+/* The first device, opened (NULL if there is none); dev_close undoes it. */
+static struct ibv_context *dev_open(struct ibv_device ***list)
+{
+	*list = ibv_get_device_list(NULL);
+	return *list && (*list)[0] ? ibv_open_device((*list)[0]) : NULL;
+}
+
+static void dev_close(struct ibv_context *ctx, struct ibv_device **list)
+{
+	if (ctx)
+		ibv_close_device(ctx);
+	if (list)
+		ibv_free_device_list(list);
+}
+
 /*
  * Waking a peer process (a byte on our connection to its context) after it
  * died: the write finds no reader.  That must not raise SIGPIPE and kill
@@ -297,8 +312,8 @@ static void test_alloc(void)
  */
 static void test_wake_dead_peer(void)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	struct ibv_context *ctx = list && list[0] ? ibv_open_device(list[0]) : NULL;
+	struct ibv_device **list;
+	struct ibv_context *ctx = dev_open(&list);
 	int fds[2];
 	uint32_t id = 0;
 	pid_t pid;
@@ -343,10 +358,7 @@ static void test_wake_dead_peer(void)
 	}
 	close(fds[0]);
 out:
-	if (ctx)
-		ibv_close_device(ctx);
-	if (list)
-		ibv_free_device_list(list);
+	dev_close(ctx, list);
 }
 
 /*
@@ -357,8 +369,8 @@ out:
  */
 static void test_cq_block_reuse(void)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	struct ibv_context *ctx = list && list[0] ? ibv_open_device(list[0]) : NULL;
+	struct ibv_device **list;
+	struct ibv_context *ctx = dev_open(&list);
 	struct ibv_cq *cq;
 	uint64_t va;
 
@@ -382,10 +394,7 @@ static void test_cq_block_reuse(void)
 	if (cq)
 		ibv_destroy_cq(cq);
 out:
-	if (ctx)
-		ibv_close_device(ctx);
-	if (list)
-		ibv_free_device_list(list);
+	dev_close(ctx, list);
 }
 
 /* A CQ's readiness set (cq_watch.c): a CQ that polls more than
@@ -393,8 +402,8 @@ out:
  * no longer once unwatched; a CQ that polls fewer watches nothing. */
 static void test_cq_watch(void)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	struct ibv_context *ctx = list && list[0] ? ibv_open_device(list[0]) : NULL;
+	struct ibv_device **list;
+	struct ibv_context *ctx = dev_open(&list);
 	struct urdma_qp qp = { 0 }, *got[URDMA_CQ_POLLERS];
 	struct ibv_cq *ibcq = NULL;
 	struct urdma_cq *cq;
@@ -436,10 +445,7 @@ out:
 	}
 	if (ibcq)
 		CHECK(!ibv_destroy_cq(ibcq));
-	if (ctx)
-		ibv_close_device(ctx);
-	if (list)
-		ibv_free_device_list(list);
+	dev_close(ctx, list);
 }
 
 int main(void)
