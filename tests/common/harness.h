@@ -63,11 +63,17 @@ _Noreturn void t_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2))
 /* Informational line, prefixed with the role and the case name. */
 void t_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-#define CHECK(cond, ...) \
-	t_check_impl(!!(cond), __FILE__, __LINE__, #cond, __VA_ARGS__)
+/* cond is evaluated before the message's arguments: a message that says
+ * strerror(errno) tells the errno of the call in cond (as arguments of one
+ * call, the order is unspecified: gcc took errno first). */
+#define CHECK(cond, ...)                                                    \
+	({                                                                  \
+		bool t_ok_ = !!(cond);                                      \
+		t_check_impl(t_ok_, __FILE__, __LINE__, #cond, __VA_ARGS__); \
+	})
 #define REQUIRE(cond, ...)                                                  \
 	do {                                                                \
-		if (!t_check_impl(!!(cond), __FILE__, __LINE__, #cond, __VA_ARGS__)) \
+		if (!CHECK(cond, __VA_ARGS__))                              \
 			t_abort();                                          \
 	} while (0)
 
