@@ -106,8 +106,14 @@ EXPORT int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_para
 	if (cid->rlen)
 		memcpy(cid->rbuf, conn_param->private_data, cid->rlen);
 	if (connect(cid->fd, &id->route.addr.dst_addr,
-		    sa_len(&id->route.addr.dst_addr)) && errno != EINPROGRESS)
+		    sa_len(&id->route.addr.dst_addr)) && errno != EINPROGRESS) {
 		e = errno;
+	} else {
+		socklen_t l = sizeof(id->route.addr.src_storage);
+
+		/* the port connect() chose (cma_bind_sock) */
+		getsockname(cid->fd, &id->route.addr.src_addr, &l);
+	}
 	cid->state = CS_CONNECTING;
 	if (e) {
 		cid->state = CS_FAILED;

@@ -15,14 +15,17 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -342,6 +345,79 @@ static void qp_destroyed_then_peer_disconnects(void *arg)
 	s.ch = NULL;
 	end_free(&c);
 	end_free(&l);
+}
+
+/* rdma_resolve_addr leaves the source port to connect() (cma_bind_sock):
+ * with every ephemeral port of the address taken by connections elsewhere,
+ * a TCP connect() still finds one (its 4-tuple is new), and so must an id.
+ * Before, resolve bound port 0 itself: ADDR_ERROR with EADDRINUSE; and with
+ * 28,000 connections of the last minute in TIME_WAIT on loopback, a
+ * resolve took 1.2-2.7 ms (cm_call_releases_held_answer failed 7 runs in
+ * 40).  In a network namespace of its own with 4 ephemeral ports: the
+ * listener and the TCP transport's take one each (made first), two
+ * connections to another port the rest. */
+static void resolve_with_ephemeral_ports_taken(void *arg)
+{
+	struct end l = { 0 }, c = { 0 }, s = { 0 };
+	struct sockaddr_in far = test_addr(5000), any = test_addr(0);
+	struct ifreq ifr = { .ifr_name = "lo" };
+	int lfd, fds[8], n = 0, probe, sk;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	FILE *f;
+
+	if (strcmp(addr_str(), "127.0.0.1"))
+		t_skip("CM_TEST_ADDR is not loopback");
+	if (unshare(CLONE_NEWNET))
+		t_skip("unshare(CLONE_NEWNET): %s (needs root)", strerror(errno));
+	sk = socket(AF_INET, SOCK_DGRAM, 0);
+	REQUIRE(sk >= 0 && ioctl(sk, SIOCGIFFLAGS, &ifr) == 0, "lo's flags: %s", strerror(errno));
+	ifr.ifr_flags |= IFF_UP;
+	REQUIRE(ioctl(sk, SIOCSIFFLAGS, &ifr) == 0, "lo up: %s", strerror(errno));
+	close(sk);
+	f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "w");
+	REQUIRE(f && fprintf(f, "40000 40003\n") > 0 && fclose(f) == 0,
+		"ip_local_port_range: %s", strerror(errno));
+	listen_on(&l);
+	/* a QP: the TCP transport's listener, if it is the transport */
+	cq = ibv_create_cq(l.id->verbs, 4, NULL, NULL, 0);
+	REQUIRE(cq, "ibv_create_cq");
+	qp = ibv_create_qp(l.id->pd, &(struct ibv_qp_init_attr){
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1,
+			 .max_recv_sge = 1 } });
+	REQUIRE(qp, "ibv_create_qp: %s", strerror(errno));
+	lfd = socket(AF_INET, SOCK_STREAM, 0);
+	REQUIRE(lfd >= 0 && bind(lfd, (struct sockaddr *)&far, sizeof(far)) == 0 &&
+		listen(lfd, 8) == 0, "a TCP listener on port 5000: %s", strerror(errno));
+	while (n < 8) {
+		fds[n] = socket(AF_INET, SOCK_STREAM, 0);
+		if (fds[n] < 0 || connect(fds[n], (struct sockaddr *)&far, sizeof(far))) {
+			close(fds[n]);
+			break;
+		}
+		n++;
+	}
+	probe = socket(AF_INET, SOCK_STREAM, 0);
+	REQUIRE(probe >= 0 && bind(probe, (struct sockaddr *)&any, sizeof(any)) < 0 &&
+		errno == EADDRINUSE, "a bind to port 0 still finds a port (%d connections)", n);
+	close(probe);
+	client_resolve(&c, ntohs(rdma_get_src_port(l.id)));
+	connect_pair(&l, &c, &s);
+	CHECK(ntohs(rdma_get_src_port(c.id)) >= 40000 && ntohs(rdma_get_src_port(c.id)) <= 40003,
+	      "the client's port after rdma_connect: %u", ntohs(rdma_get_src_port(c.id)));
+	send_and_check(&c, &s);
+	CHECK(rdma_disconnect(c.id) == 0, "rdma_disconnect: %s", strerror(errno));
+	expect_ack(c.ch, RDMA_CM_EVENT_DISCONNECTED);
+	expect_ack(l.ch, RDMA_CM_EVENT_DISCONNECTED);
+	end_free(&s);
+	s.ch = NULL;
+	end_free(&c);
+	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_cq(cq) == 0, "the extra QP and CQ");
+	end_free(&l);
+	while (n--)
+		close(fds[n]);
+	close(lfd);
 }
 
 /* Over TCP a signaled Send completes when the answer to the flush Read that
@@ -1122,6 +1198,7 @@ int main(int argc, char **argv)
 	t_case("bind_and_ports", bind_and_ports, NULL);
 	t_case("connect_send_disconnect", connect_send_disconnect, NULL);
 	t_case("qp_destroyed_then_peer_disconnects", qp_destroyed_then_peer_disconnects, NULL);
+	t_case("resolve_with_ephemeral_ports_taken", resolve_with_ephemeral_ports_taken, NULL);
 	t_case("cm_call_releases_held_answer", cm_call_releases_held_answer, NULL);
 	t_case("idle_receiver_does_not_hold_answer", idle_receiver_does_not_hold_answer, NULL);
 	t_case("listener_destroyed_before_req", listener_destroyed_before_req, NULL);
