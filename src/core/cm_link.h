@@ -14,6 +14,10 @@
  * manager (perftest -R connects a second time right after its handshake)
  * should not hold back what its peer waits for: release_held.
  *
+ * 3. libibverbs stops the application's threads for a moment to register
+ * memory (core/stop.c); a thread that waits in rdma_get_cm_event may take
+ * that signal: stop_seq tells it to wait again.
+ *
  * librdmacm finds these through verbs_context.priv, a pointer that rdma-core's
  * libibverbs also keeps to itself: no symbol beyond rdma-core 44's is
  * exported.  The magic tells a urdma context from any other.
@@ -39,6 +43,10 @@ struct verbs_ex_private {
 	 * not when their time comes (2 ms), as the peer's Send completes only
 	 * with them. */
 	void (*release_held)(void);
+	/* urdma_stop_seq (core/urdma.h): a wait that returns EINTR with
+	 * this moved was interrupted by a stop of the threads, not by the
+	 * application's signal, and waits again. */
+	uint32_t (*stop_seq)(void);
 };
 
 #endif

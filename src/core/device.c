@@ -229,6 +229,7 @@ static const struct verbs_ex_private cm_link = {
 	.magic = URDMA_CM_LINK_MAGIC,
 	.qp_error_if_live = urdma_qp_error_if_live,
 	.release_held = urdma_release_held,
+	.stop_seq = urdma_stop_seq,
 };
 
 /*

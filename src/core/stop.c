@@ -21,6 +21,13 @@
  * call, so none escapes.  Nothing here allocates or locks once the first
  * signal is sent: a stopped thread may hold malloc's lock.
  *
+ * A thread listed as runnable that goes to sleep before the signal comes
+ * takes it in its system call all the same: a poll() or a futex wait then
+ * returns EINTR (SA_RESTART restarts only read(), write() and their
+ * kind).  The library's own waits for the application (rdma_get_cm_event,
+ * ibv_get_cq_event) wait again when a stop came meanwhile
+ * (urdma_stop_seq); the application's own are exposed for that moment.
+ *
  * The one gap: a sleeper that wakes while fn runs (its I/O completes, a
  * timer fires) runs unstopped.  fn asks urdma_stop_intact() before the
  * step that would lose such a thread's stores (backing.c: before mapping
@@ -385,6 +392,11 @@ void urdma_stop_point(void)
 
 	while ((gen = atomic_load(&stop_gen)) & 1)
 		futex(&stop_gen, FUTEX_WAIT_PRIVATE, gen, NULL);
+}
+
+uint32_t urdma_stop_seq(void)
+{
+	return atomic_load(&stop_gen);
 }
 
 /* Did a thread left asleep run while fn ran?  Its tid, or 0. */

@@ -592,6 +592,11 @@ int urdma_memfd(void);
 int urdma_stop_world(int (*fn)(void *), void *arg);
 /* From fn: has every thread left asleep stayed asleep so far? */
 bool urdma_stop_intact(void);
+/* Moves at each stop's start and end: a wait of the library's that
+ * returned EINTR, with this moved since it began, was interrupted by a
+ * stop's signal, not the application's, and waits again (as read() with
+ * SA_RESTART would). */
+uint32_t urdma_stop_seq(void);
 /* The library's own threads: urdma_stop_coop() once, at their start;
  * urdma_stop_point() after each wait, before anything else. */
 void urdma_stop_coop(void);

@@ -243,11 +243,14 @@ int urdma_wake_sleep(struct urdma_channel *ch)
 		pthread_mutex_unlock(&ch->lock);
 		if (queued)
 			break;
+		uint32_t stops = urdma_stop_seq();
+
 		/* Counted in first: a peer that bumped seq without a wake
 		 * (seeing none waiting) bumped it before the kernel looks. */
 		atomic_fetch_add(&w->waiting, 1);
 		atomic_store(&w->since, urdma_now_ns());
-		if (sleep_wait(w, seq, state) && errno == EINTR)
+		if (sleep_wait(w, seq, state) && errno == EINTR &&
+		    urdma_stop_seq() == stops)
 			ret = -1;
 		atomic_fetch_sub(&w->waiting, 1);
 		if (ret)

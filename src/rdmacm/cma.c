@@ -62,6 +62,15 @@ const struct verbs_ex_private *cma_link(void)
 	return v->priv;
 }
 
+/* libibverbs' stops of the threads so far (core/cm_link.h); 0 without a
+ * urdma device. */
+static uint32_t cma_stop_seq(void)
+{
+	const struct verbs_ex_private *link = cma_link();
+
+	return link ? link->stop_seq() : 0;
+}
+
 /* The application sets up a connection: what its QPs hold back for their
  * next message goes now (core/cm_link.h). */
 void cma_release_held(void)
@@ -407,6 +416,7 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel,
 	pthread_mutex_lock(&cma_lock);
 	for (;;) {
 		struct pollfd pfd = { .fd = channel->fd, .events = POLLIN };
+		uint32_t stops;
 		int fl, r;
 
 		if (!c->closed && !list_empty(&c->events)) {
@@ -424,11 +434,15 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel,
 		}
 		c->waiters++;
 		pthread_mutex_unlock(&cma_lock);
+		stops = cma_stop_seq();
 		fl = fcntl(channel->fd, F_GETFL);
 		r = fl < 0 ? -1 : (fl & O_NONBLOCK) ? cma_err(EAGAIN) :
 						       poll(&pfd, 1, -1);
 		pthread_mutex_lock(&cma_lock);
 		c->waiters--;
+		/* a stop of the threads' signal, not the application's */
+		if (r < 0 && errno == EINTR && cma_stop_seq() != stops)
+			continue;
 		if (r < 0) {
 			int e = errno;
 

@@ -16,6 +16,10 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
@@ -365,6 +369,108 @@ static void two_cqs_one_channel(void *arg)
 	CHECK(ibv_destroy_qp(qp) == 0, "ibv_destroy_qp");
 	CHECK(ibv_destroy_cq(ca) == 0 && ibv_destroy_cq(cb) == 0, "ibv_destroy_cq");
 	CHECK(ibv_destroy_comp_channel(ch) == 0, "ibv_destroy_comp_channel");
+	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
+	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
+}
+
+/* ---- ibv_get_cq_event while another thread registers memory ----
+ * A registration of private memory stops the process's threads for a
+ * moment with a signal (core/stop.c).  A waiter listed as runnable that is
+ * asleep in ibv_get_cq_event by the time the signal comes takes it there,
+ * and must wait again, as rdma-core's read() of the channel with
+ * SA_RESTART does, not fail with EINTR (rping's completion thread exits on
+ * that).  Rounds of a completion (a receive posted to a QP in ERR
+ * completes flushed) that wakes the waiter, and a registration of fresh
+ * memory. */
+#define STOP_ROUNDS 1000
+
+struct cq_waiter {
+	struct ibv_comp_channel *ch;
+	struct ibv_cq *cq;
+	_Atomic int armed; /* rounds the waiter is ready for */
+	int got, err;
+};
+
+static void *cq_waiter_main(void *arg)
+{
+	struct cq_waiter *w = arg;
+	struct ibv_wc wc[8];
+
+	while (w->got < STOP_ROUNDS) {
+		struct ibv_cq *cq;
+		void *ctx;
+		int n;
+
+		if (ibv_req_notify_cq(w->cq, 0)) {
+			w->err = errno ? errno : EIO;
+			break;
+		}
+		atomic_store(&w->armed, w->got + 1);
+		n = ibv_poll_cq(w->cq, 8, wc);
+		if (n > 0) {
+			w->got += n;
+			continue;
+		}
+		if (ibv_get_cq_event(w->ch, &cq, &ctx)) {
+			w->err = errno;
+			break;
+		}
+		ibv_ack_cq_events(cq, 1);
+	}
+	atomic_store(&w->armed, STOP_ROUNDS + 1);
+	return NULL;
+}
+
+static void cq_event_wait_survives_registration(void *arg)
+{
+	struct ibv_context *ctx = t_open_first_device();
+	struct cq_waiter w = { .ch = ibv_create_comp_channel(ctx) };
+	size_t len = 2 * (size_t)sysconf(_SC_PAGESIZE);
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	pthread_t t;
+
+	REQUIRE(w.ch && pd, "a channel and a PD");
+	w.cq = ibv_create_cq(ctx, STOP_ROUNDS + 8, NULL, w.ch, 0);
+	REQUIRE(w.cq, "ibv_create_cq");
+	struct ibv_qp_init_attr ia = { .send_cq = w.cq, .recv_cq = w.cq, .qp_type = IBV_QPT_RC,
+				       .cap = { .max_send_wr = 4, .max_recv_wr = 4,
+						.max_send_sge = 1, .max_recv_sge = 1 } };
+	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+	REQUIRE(qp, "ibv_create_qp");
+	REQUIRE(t_modify_state(qp, IBV_QPS_ERR) == 0, "-> ERR");
+	REQUIRE(pthread_create(&t, NULL, cq_waiter_main, &w) == 0, "thread");
+	for (int i = 0; i < STOP_ROUNDS; i++) {
+		struct ibv_recv_wr rw = { .wr_id = (uint64_t)i }, *bad;
+		uint64_t t0 = t_now_ms();
+		struct ibv_mr *mr;
+		char *p;
+
+		while (atomic_load(&w.armed) <= i && t_now_ms() - t0 < T_WAIT_MS)
+			sched_yield();
+		if (atomic_load(&w.armed) > STOP_ROUNDS || atomic_load(&w.armed) <= i)
+			break; /* the waiter failed, or is stuck */
+		REQUIRE(ibv_post_recv(qp, &rw, &bad) == 0, "ibv_post_recv");
+		p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		REQUIRE(p != MAP_FAILED, "mmap");
+		memset(p, i, len);
+		mr = ibv_reg_mr(pd, p, len, IBV_ACCESS_LOCAL_WRITE);
+		REQUIRE(mr, "ibv_reg_mr: %s", strerror(errno));
+		ibv_dereg_mr(mr);
+		munmap(p, len);
+	}
+	if (atomic_load(&w.armed) <= STOP_ROUNDS && w.got < STOP_ROUNDS) {
+		/* stuck: a receive more wakes it, if it still waits */
+		struct ibv_recv_wr rw = { .wr_id = 0 }, *bad;
+
+		ibv_post_recv(qp, &rw, &bad);
+	}
+	pthread_join(t, NULL);
+	CHECK(!w.err, "ibv_get_cq_event failed after %d completions: %s", w.got,
+	      strerror(w.err));
+	CHECK(w.got >= STOP_ROUNDS, "%d of %d completions", w.got, STOP_ROUNDS);
+	CHECK(ibv_destroy_qp(qp) == 0, "ibv_destroy_qp");
+	CHECK(ibv_destroy_cq(w.cq) == 0, "ibv_destroy_cq");
+	CHECK(ibv_destroy_comp_channel(w.ch) == 0, "ibv_destroy_comp_channel");
 	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
 }
@@ -721,6 +827,7 @@ int main(int argc, char **argv)
 	t_pair("cq_armed_before_qp_created", sender, armed_before_qp_receiver, NULL);
 	t_case("error_completion_wakes_solicited_only", error_completion_event, NULL);
 	t_case("two_cqs_one_channel", two_cqs_one_channel, NULL);
+	t_case("cq_event_wait_survives_registration", cq_event_wait_survives_registration, NULL);
 	t_case("cancelled_in_get_cq_event", cancel_in_get_cq_event, NULL);
 	t_pair("event_driven_pingpong_loses_no_wakeup", storm_starter, storm_responder, NULL);
 	t_pair_and_tcp("armed_behind_unpolled_completions_fires", held_sender, held_poller, NULL);
