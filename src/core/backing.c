@@ -204,6 +204,25 @@ static struct {
 	size_t vcap; /* bytes */
 } maps;
 
+/* mmap and mremap as bare system calls, for what runs while the other
+ * threads are stopped: the libc entry points may be the application's
+ * hooks (UCX's ucm patches them to learn of unmaps), which take locks a
+ * stopped thread may hold.  ucx_perftest's server hung so: its progress
+ * thread, stopped inside ucm's munmap handler with UCX's lock held, and
+ * the registering thread waiting for that lock in the hooked mmap that
+ * moved the pages.  (The pages keep their contents: a hook has nothing
+ * to learn from the move.) */
+static void *raw_mmap(void *addr, size_t len, int prot, int flags, int fd,
+		      off_t off)
+{
+	return (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+}
+
+static void *raw_mremap(void *old, size_t old_len, size_t len, int flags)
+{
+	return (void *)syscall(SYS_mremap, old, old_len, len, flags);
+}
+
 /* Room for at least need bytes at *p (mmap, then mremap). */
 static int grow_to(void **p, size_t *cap, size_t need)
 {
@@ -214,9 +233,9 @@ static int grow_to(void **p, size_t *cap, size_t need)
 		return 0;
 	while (want < need)
 		want *= 2;
-	m = *p ? mremap(*p, *cap, want, MREMAP_MAYMOVE)
-	       : mmap(NULL, want, PROT_READ | PROT_WRITE,
-		      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	m = *p ? raw_mremap(*p, *cap, want, MREMAP_MAYMOVE)
+	       : raw_mmap(NULL, want, PROT_READ | PROT_WRITE,
+			  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (m == MAP_FAILED)
 		return -ENOMEM;
 	*p = m;
@@ -376,7 +395,8 @@ static int back_plan(struct back_job *j)
  * into the memfd and replaced in place; pages already backed are left
  * alone.  Runs with every other thread stopped (urdma_stop_world): nothing
  * can store into a page between its copy and its mapping, and the mappings
- * read are still the mappings.  No malloc, no log here.
+ * read are still the mappings.  No malloc, no log, no hookable call
+ * (raw_mmap) here.
  */
 static int back_job_run(void *arg)
 {
@@ -411,9 +431,9 @@ static int back_job_run(void *arg)
 			j->why = "a thread woke while its pages were moved";
 			return BACK_DIRECT;
 		}
-		if (mmap((void *)s, e - s, prot_of(maps.v[i].perms),
-			 MAP_SHARED | MAP_FIXED, urdma_proc.memfd,
-			 (off_t)s) == MAP_FAILED) {
+		if (raw_mmap((void *)s, e - s, prot_of(maps.v[i].perms),
+			     MAP_SHARED | MAP_FIXED, urdma_proc.memfd,
+			     (off_t)s) == MAP_FAILED) {
 			j->bad_start = s;
 			j->bad_end = e;
 			return -errno;

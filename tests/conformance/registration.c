@@ -16,11 +16,13 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -555,6 +557,97 @@ static void fork_open_case(void *arg)
 	ibv_close_device(ctx);
 }
 
+/* ---- An application's mmap hook ----
+ * UCX's ucm patches mmap and munmap to learn of unmaps, and runs its
+ * handlers under its own lock.  A thread stopped by a registration inside
+ * such a handler holds that lock; if the registration's own mmap (moving
+ * the pages, with the threads stopped) went through the hook it would wait
+ * for that lock for ever: ucx_perftest's server hung so in CI.  This
+ * binary's mmap and mremap are such hooks while hook_on is set; a thread
+ * holds their lock most of the time (as a busy handler would), and the
+ * main thread registers fresh memory, 200 times.  The library before
+ * hung (the watchdog's 30 s). */
+static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_bool hook_on, hook_quit;
+
+void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	bool on = atomic_load(&hook_on);
+	void *m;
+
+	if (on)
+		pthread_mutex_lock(&hook_lock);
+	m = (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+	if (on)
+		pthread_mutex_unlock(&hook_lock);
+	return m;
+}
+
+void *mremap(void *old, size_t old_len, size_t len, int flags, ...)
+{
+	bool on = atomic_load(&hook_on);
+	void *to = NULL, *m;
+	va_list ap;
+
+	if (flags & MREMAP_FIXED) {
+		va_start(ap, flags);
+		to = va_arg(ap, void *);
+		va_end(ap);
+	}
+	if (on)
+		pthread_mutex_lock(&hook_lock);
+	m = (void *)syscall(SYS_mremap, old, old_len, len, flags, to);
+	if (on)
+		pthread_mutex_unlock(&hook_lock);
+	return m;
+}
+
+static void *hook_holder(void *arg)
+{
+	(void)arg;
+	while (!atomic_load(&hook_quit)) {
+		uint64_t t0 = t_now_us();
+
+		pthread_mutex_lock(&hook_lock);
+		while (t_now_us() - t0 < 200)
+			; /* a handler at work */
+		pthread_mutex_unlock(&hook_lock);
+		sched_yield();
+	}
+	return NULL;
+}
+
+static void mmap_hook_case(void *arg)
+{
+	struct ibv_context *ctx = t_open_first_device();
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	pthread_t t;
+
+	(void)arg;
+	REQUIRE(pd, "ibv_alloc_pd");
+	atomic_store(&hook_on, true);
+	REQUIRE(pthread_create(&t, NULL, hook_holder, NULL) == 0, "thread");
+	for (int i = 0; i < 200; i++) {
+		/* (not through the hook: it waits for the lock) */
+		char *p = (char *)syscall(SYS_mmap, NULL, 2 * PAGE, PROT_READ | PROT_WRITE,
+					  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		struct ibv_mr *mr;
+
+		REQUIRE(p != MAP_FAILED, "mmap");
+		memset(p, i, 2 * PAGE);
+		mr = ibv_reg_mr(pd, p, 2 * PAGE, IBV_ACCESS_LOCAL_WRITE);
+		REQUIRE(mr, "ibv_reg_mr: %s", strerror(errno));
+		CHECK(p[0] == (char)i && p[2 * PAGE - 1] == (char)i, "the pages' bytes");
+		ibv_dereg_mr(mr);
+		munmap(p, 2 * PAGE);
+	}
+	atomic_store(&hook_quit, true);
+	pthread_join(t, NULL);
+	atomic_store(&hook_on, false);
+	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
+	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
+}
+
 int main(int argc, char **argv)
 {
 	pthread_atfork(NULL, NULL, scribble_in_child);
@@ -567,5 +660,7 @@ int main(int argc, char **argv)
 	t_case("reg_keeps_signal_handlers", signals_case, NULL);
 	t_case("fork_child_stores_stay_its_own", fork_case, NULL);
 	t_case("fork_child_opens_device", fork_open_case, NULL);
+	t_set_case_timeout(30);
+	t_case("reg_with_an_mmap_hook", mmap_hook_case, NULL);
 	return t_finish();
 }
