@@ -52,6 +52,7 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "core/urdma.h"
@@ -419,6 +420,69 @@ bool urdma_stop_intact(void)
 	return !held_ran();
 }
 
+/*
+ * fn runs on a stack of its own, not the caller's.  The pages fn moves
+ * may be this thread's own stack (a buffer there: rdma_reg_msgs of a
+ * local array), and the frames fn and what it calls push below that
+ * buffer may lie in the same page: a store there between the page's copy
+ * and its mapping would be lost, return addresses among them (a return to
+ * address 0).  On job_stack the caller's stack is left alone from the
+ * switch, before any copy, to the return.  The stack is the stop's
+ * (stop_lock); signals are blocked meanwhile.
+ */
+#define JOB_STACK_SIZE (256 * 1024) /* ASan's frames are larger */
+static void *job_stack;
+
+#if defined(__x86_64__)
+/* A call on another stack: rsp kept in rbx (callee-saved), the stack's
+ * top 16-byte aligned before the call, as the ABI wants.  (Not
+ * swapcontext: ASan warns of false positives with it.) */
+static int run_on_job_stack(int (*fn)(void *), void *arg)
+{
+	void *top = (char *)job_stack + JOB_STACK_SIZE;
+	register void *a __asm__("rdi") = arg;
+	int ret;
+
+	__asm__ volatile("mov %%rsp, %%rbx\n\t"
+			 "mov %[top], %%rsp\n\t"
+			 "call *%[fn]\n\t"
+			 "mov %%rbx, %%rsp"
+			 : "=a"(ret), "+r"(a)
+			 : [top] "r"(top), [fn] "r"(fn)
+			 : "rbx", "rcx", "rdx", "rsi", "r8", "r9", "r10", "r11",
+			   "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6",
+			   "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
+			   "xmm13", "xmm14", "xmm15", "memory", "cc");
+	return ret;
+}
+#else
+static ucontext_t job_ctx, job_caller;
+static int (*job_fn)(void *);
+static void *job_arg;
+static int job_ret;
+
+static void job_entry(void)
+{
+	job_ret = job_fn(job_arg);
+	/* (uc_link: back to job_caller) */
+}
+
+static int run_on_job_stack(int (*fn)(void *), void *arg)
+{
+	job_fn = fn;
+	job_arg = arg;
+	if (getcontext(&job_ctx))
+		return -errno;
+	job_ctx.uc_stack.ss_sp = job_stack;
+	job_ctx.uc_stack.ss_size = JOB_STACK_SIZE;
+	job_ctx.uc_link = &job_caller;
+	makecontext(&job_ctx, job_entry, 0);
+	if (swapcontext(&job_caller, &job_ctx))
+		return -errno;
+	return job_ret;
+}
+#endif
+
 int urdma_stop_world(int (*fn)(void *), void *arg)
 {
 	sigset_t all, old;
@@ -431,13 +495,20 @@ int urdma_stop_world(int (*fn)(void *), void *arg)
 		void *m = mmap(NULL, MAX_TIDS * (sizeof(*tids) + sizeof(*held)),
 			       PROT_READ | PROT_WRITE,
 			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		void *st = mmap(NULL, JOB_STACK_SIZE, PROT_READ | PROT_WRITE,
+				MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
 
-		if (m == MAP_FAILED) {
+		if (m == MAP_FAILED || st == MAP_FAILED) {
+			if (m != MAP_FAILED)
+				munmap(m, MAX_TIDS * (sizeof(*tids) + sizeof(*held)));
+			if (st != MAP_FAILED)
+				munmap(st, JOB_STACK_SIZE);
 			pthread_mutex_unlock(&stop_lock);
 			return -ENOMEM;
 		}
 		held = m;
 		tids = (pid_t *)(held + MAX_TIDS);
+		job_stack = st;
 	}
 	dirfd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	sig = stop_signal();
@@ -452,7 +523,7 @@ int urdma_stop_world(int (*fn)(void *), void *arg)
 	atomic_fetch_add(&stop_gen, 1);
 	ret = stop_all(dirfd, sig, self, &nsig, &late);
 	if (!ret) {
-		ret = fn(arg);
+		ret = run_on_job_stack(fn, arg);
 		if (!ret) /* fn did its work: did a sleeper wake meanwhile? */
 			ran = held_ran();
 	}

@@ -12,6 +12,7 @@
  */
 #include "harness.h"
 
+#include <alloca.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -557,6 +558,74 @@ static void fork_open_case(void *arg)
 	ibv_close_device(ctx);
 }
 
+/* ---- A buffer on the registering thread's own stack ----
+ * rdma_reg_msgs(id, buf) with buf a local array is common.  The page
+ * moved holds buf and, below it, the frames of the registration itself
+ * (ibv_reg_mr down to the copy and the mapping): a store there between
+ * the page's copy and its mapping, a return address among them, would be
+ * lost.  sync_endpoints' server crashed so (a return to address 0) once
+ * 7b3d536 changed those frames.  Each round a fresh thread, on a fresh
+ * stack, registers a buffer placed 64 bytes lower than the round before,
+ * so that the page's start falls at every depth of those frames. */
+struct own_stack {
+	struct ibv_pd *pd;
+	size_t pad;
+	int bad;
+};
+
+static __attribute__((noinline)) int reg_own_buf(struct ibv_pd *pd)
+{
+	char buf[64];
+	struct ibv_mr *mr;
+	int bad;
+
+	memset(buf, 0x5a, sizeof(buf));
+	mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+	if (!mr)
+		return 2;
+	bad = buf[0] != 0x5a || buf[63] != 0x5a;
+	return ibv_dereg_mr(mr) ? 3 : bad;
+}
+
+static void *own_stack_main(void *arg)
+{
+	struct own_stack *o = arg;
+	volatile char *pad = alloca(o->pad + 1);
+
+	pad[0] = 1;
+	o->bad = reg_own_buf(o->pd);
+	return NULL;
+}
+
+static void own_stack_case(void *arg)
+{
+	struct ibv_context *ctx = t_open_first_device();
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+
+	(void)arg;
+	REQUIRE(pd, "ibv_alloc_pd");
+	for (size_t pad = 0; pad < 2 * PAGE; pad += 64) {
+		struct own_stack o = { .pd = pd, .pad = pad, .bad = -1 };
+		void *stack = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE,
+				   MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+		pthread_attr_t at;
+		pthread_t th;
+
+		REQUIRE(stack != MAP_FAILED, "no memory");
+		pthread_attr_init(&at);
+		pthread_attr_setstack(&at, stack, 1 << 20);
+		REQUIRE(pthread_create(&th, &at, own_stack_main, &o) == 0, "thread");
+		pthread_join(th, NULL);
+		pthread_attr_destroy(&at);
+		munmap(stack, 1 << 20);
+		if (!CHECK(o.bad == 0, "buffer %zu bytes lower: %s", pad,
+			   o.bad == 1 ? "its bytes changed" : "the registration failed"))
+			break;
+	}
+	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
+	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
+}
+
 /* ---- An application's mmap hook ----
  * UCX's ucm patches mmap and munmap to learn of unmaps, and runs its
  * handlers under its own lock.  A thread stopped by a registration inside
@@ -660,6 +729,7 @@ int main(int argc, char **argv)
 	t_case("reg_keeps_signal_handlers", signals_case, NULL);
 	t_case("fork_child_stores_stay_its_own", fork_case, NULL);
 	t_case("fork_child_opens_device", fork_open_case, NULL);
+	t_case("reg_own_stack_buffer", own_stack_case, NULL);
 	t_set_case_timeout(30);
 	t_case("reg_with_an_mmap_hook", mmap_hook_case, NULL);
 	return t_finish();
