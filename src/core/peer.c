@@ -28,6 +28,7 @@
 
 #include "core/urdma.h"
 #include "util/alloc.h"
+#include "util/fdpoll.h"
 #include "util/log.h"
 
 /* A peer context, reached over its socket (or ourselves: sock -1). */
@@ -257,9 +258,7 @@ static int peer_connect(struct urdma_peer *p)
 	/* The listener's process, still there: its end of the connection
 	 * is open (it would be reset otherwise). */
 	p->pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
-	if (p->pidfd >= 0 &&
-	    poll(&(struct pollfd){ .fd = p->sock, .events = POLLRDHUP }, 1,
-		 0) != 0) {
+	if (p->pidfd >= 0 && urdma_poll_fd(p->sock, POLLRDHUP, 0, NULL) != 0) {
 		close(p->pidfd);
 		p->pidfd = -1;
 	}
@@ -485,8 +484,7 @@ int urdma_peer_vm(struct urdma_peer *p, bool write, void *local,
 		return -ESRCH;
 	if (now - atomic_load_explicit(&p->alive_at, memory_order_relaxed) >
 	    1000000) {
-		if (poll(&(struct pollfd){ .fd = p->pidfd, .events = POLLIN },
-			 1, 0))
+		if (urdma_poll_fd(p->pidfd, POLLIN, 0, NULL))
 			return -ESRCH; /* it exited: its pid may be another's */
 		atomic_store_explicit(&p->alive_at, now, memory_order_relaxed);
 	}

@@ -3,6 +3,9 @@
  * copies, and backing pages with the identity memfd; waking a peer that
  * died; a CQ's shared block reused; and the TCP transport's CRC32c. */
 #include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +21,7 @@
 #include "transport/tcp/crc32c.h"
 #include "transport/transport.h"
 #include "util/alloc.h"
+#include "util/fdpoll.h"
 
 static int failures, checks;
 #define CHECK(c)                                                               \
@@ -448,6 +452,55 @@ out:
 	dev_close(ctx, list);
 }
 
+/* urdma_poll_fd: a look at an fd with nothing to read says 0 however
+ * many signals land in it (poll() says -1 EINTR for those, even with a
+ * timeout of 0: peer.c took that for a dead peer).  A thread sends
+ * SIGUSR1 (SA_RESTART) to this one as fast as it can meanwhile. */
+static atomic_bool storm_on;
+
+static void storm_handler(int sig)
+{
+	(void)sig;
+}
+
+static void *storm(void *arg)
+{
+	pthread_t to = *(pthread_t *)arg;
+
+	while (atomic_load(&storm_on))
+		pthread_kill(to, SIGUSR1);
+	return NULL;
+}
+
+static void test_poll_fd(void)
+{
+	struct sigaction sa = { .sa_handler = storm_handler, .sa_flags = SA_RESTART }, old;
+	pthread_t self = pthread_self(), t;
+	int fds[2], raw_eintr = 0, nonzero = 0;
+
+	CHECK(!pipe(fds));
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGUSR1, &sa, &old);
+	atomic_store(&storm_on, true);
+	CHECK(!pthread_create(&t, NULL, storm, &self));
+	for (int i = 0; i < 20000; i++) {
+		struct pollfd p = { .fd = fds[0], .events = POLLIN };
+
+		raw_eintr += poll(&p, 1, 0) < 0 && errno == EINTR;
+		nonzero += urdma_poll_fd(fds[0], POLLIN, 0, NULL) != 0;
+	}
+	CHECK(urdma_poll_fd(fds[0], POLLIN, 20, NULL) == 0); /* waits its time */
+	atomic_store(&storm_on, false);
+	pthread_join(t, NULL);
+	sigaction(SIGUSR1, &old, NULL);
+	CHECK(raw_eintr > 0); /* (the storm reached the system call) */
+	CHECK(nonzero == 0);
+	CHECK(write(fds[1], "x", 1) == 1);
+	CHECK(urdma_poll_fd(fds[0], POLLIN, 0, NULL) == 1);
+	close(fds[0]);
+	close(fds[1]);
+}
+
 int main(void)
 {
 	test_alloc();
@@ -459,6 +512,7 @@ int main(void)
 	test_wake_dead_peer();
 	test_cq_block_reuse();
 	test_cq_watch();
+	test_poll_fd();
 	printf("%d passed, %d failed\n", checks - failures, failures);
 	return failures ? 1 : 0;
 }

@@ -25,6 +25,7 @@
 #include "transport/tcp/iwarp_parse.h"
 #include "transport/transport.h"
 #include "util/alloc.h"
+#include "util/fdpoll.h"
 #include "util/log.h"
 #include "transport/tcp/tcp.h"
 #include "transport/tcp/tcp_ident.h"
@@ -52,7 +53,6 @@ static int send_mpa(int fd, const char *key, uint8_t flags,
 		struct mpa_frame f;
 		struct urdma_mpa_pd pd;
 	} __attribute__((packed)) msg;
-	struct pollfd p = { .fd = fd, .events = POLLOUT };
 	size_t off = 0;
 
 	memcpy(msg.f.key, key, MPA_KEY_LEN);
@@ -64,7 +64,8 @@ static int send_mpa(int fd, const char *key, uint8_t flags,
 		ssize_t k = send(fd, (uint8_t *)&msg + off, sizeof(msg) - off,
 				 MSG_NOSIGNAL);
 
-		if (k < 0 && errno == EAGAIN && poll(&p, 1, 1000) > 0)
+		if (k < 0 && errno == EAGAIN &&
+		    urdma_poll_fd(fd, POLLOUT, 1000, NULL) > 0)
 			continue;
 		if (k <= 0)
 			return -1;

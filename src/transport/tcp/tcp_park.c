@@ -22,6 +22,7 @@
 #include "transport/tcp/iwarp_parse.h"
 #include "transport/transport.h"
 #include "util/alloc.h"
+#include "util/fdpoll.h"
 #include "util/log.h"
 #include "transport/tcp/tcp.h"
 
@@ -194,9 +195,7 @@ void conn_spins(struct tcp_conn *c)
  * processing later. */
 static bool rx_ready(struct tcp_conn *c)
 {
-	struct pollfd p = { .fd = c->fd, .events = POLLIN };
-
-	return poll(&p, 1, 0) != 0;
+	return urdma_poll_fd(c->fd, POLLIN, 0, NULL) != 0;
 }
 
 /* rbuf holds the start of an untagged FPDU (a Send's), not all of it, and

@@ -34,6 +34,7 @@
 #include "transport/ud.h"
 #include "transport/udp/roce.h"
 #include "util/alloc.h"
+#include "util/fdpoll.h"
 #include "util/log.h"
 
 #define UDP_SOCKS 256
@@ -737,9 +738,7 @@ void urdma_udp_send(struct urdma_qp *qp, const struct urdma_swqe *w,
 	if (n < 0 && (errno == EAGAIN || errno == ENOBUFS)) {
 		/* The socket is full: wait a little for room, as a NIC's
 		 * queue would hold the packet. */
-		struct pollfd pf = { .fd = s->fd, .events = POLLOUT };
-
-		if (poll(&pf, 1, UDP_SEND_WAIT_MS) > 0)
+		if (urdma_poll_fd(s->fd, POLLOUT, UDP_SEND_WAIT_MS, NULL) > 0)
 			n = sendmsg(s->fd, &mh, MSG_DONTWAIT);
 	}
 	if (mcast)

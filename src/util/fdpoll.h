@@ -1,0 +1,43 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * poll() on one fd for the library's own short waits and looks.  A signal
+ * (the one that stops threads for a registration, core/stop.c, or the
+ * application's) makes poll() return EINTR whatever SA_RESTART says, even
+ * with a timeout of 0: taken as an answer, a look said "ready" when it was
+ * not (peer.c: a live peer taken for dead), and a wait gave up early.
+ * These go on with the time left.
+ */
+#ifndef URDMA_UTIL_FDPOLL_H
+#define URDMA_UTIL_FDPOLL_H
+
+#include <errno.h>
+#include <poll.h>
+
+#include "util/clock.h"
+
+/* > 0: ready (its revents in *revents, if given); 0: not within ms
+ * (0: a look); < 0: an error other than EINTR. */
+static inline int urdma_poll_fd(int fd, short events, int ms, short *revents)
+{
+	uint64_t end = urdma_now_ns() + (uint64_t)(ms > 0 ? ms : 0) * 1000000ull;
+	struct pollfd p = { .fd = fd, .events = events };
+	int r;
+
+	for (;;) {
+		r = poll(&p, 1, ms);
+		if (r >= 0 || errno != EINTR)
+			break;
+		if (ms > 0) {
+			uint64_t now = urdma_now_ns();
+
+			if (now >= end)
+				return 0;
+			ms = (int)((end - now + 999999) / 1000000);
+		}
+	}
+	if (revents)
+		*revents = p.revents;
+	return r;
+}
+
+#endif
