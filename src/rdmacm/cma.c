@@ -64,7 +64,7 @@ const struct verbs_ex_private *cma_link(void)
 
 /* libibverbs' stops of the threads so far (core/cm_link.h); 0 without a
  * urdma device. */
-static uint32_t cma_stop_seq(void)
+uint32_t cma_stop_seq(void)
 {
 	const struct verbs_ex_private *link = cma_link();
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "rdmacm/cma.h"
+#include "rdmacm/cma_priv.h"
 #include "rdmacm/rsocket_priv.h"
 
 /* ------------------------------------------------------------------ */
@@ -69,8 +70,13 @@ static int rs_poll_check(struct pollfd *fds, nfds_t nfds, struct rsocket **map,
 	int cnt = 0, j = 0;
 
 	if (look && nnorm > 0) {
-		int r = poll(norm, (nfds_t)nnorm, 0);
+		uint32_t stops = cma_stop_seq();
+		int r;
 
+		/* (a stop's signal is not the application's: look again) */
+		while ((r = poll(norm, (nfds_t)nnorm, 0)) < 0 && errno == EINTR &&
+		       cma_stop_seq() != stops)
+			stops = cma_stop_seq();
 		if (r < 0)
 			return -1;
 	}
@@ -99,6 +105,7 @@ RS_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 	struct pollfd norm_s[16], *norm = norm_s, sleep_s[48], *sl = sleep_s;
 	uint64_t start, deadline = 0, spin_end;
 	int nrs = 0, nnorm = 0, ret, spin_miss = 0;
+	uint32_t stops;
 	bool slept = false;
 
 	if (nfds && !fds)
@@ -194,10 +201,15 @@ RS_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 			if (left < (uint64_t)ms)
 				ms = (int)left;
 		}
+		stops = cma_stop_seq();
 		ret = poll(sl, (nfds_t)nsl, ms);
 		slept = true;
 		look = true;
 		if (ret < 0) {
+			/* A stop's signal (core/stop.c) is not the
+			 * application's: poll() would not have seen it. */
+			if (errno == EINTR && cma_stop_seq() != stops)
+				continue;
 			if (errno == EINTR)
 				break;
 			goto out;
