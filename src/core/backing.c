@@ -211,7 +211,8 @@ static struct {
  * thread, stopped inside ucm's munmap handler with UCX's lock held, and
  * the registering thread waiting for that lock in the hooked mmap that
  * moved the pages.  (The pages keep their contents: a hook has nothing
- * to learn from the move.) */
+ * to learn from the move.)  So in a forked child too (unback): a lock a
+ * parent's thread held at the fork is held there for ever. */
 static void *raw_mmap(void *addr, size_t len, int prot, int flags, int fd,
 		      off_t off)
 {
@@ -221,6 +222,11 @@ static void *raw_mmap(void *addr, size_t len, int prot, int flags, int fd,
 static void *raw_mremap(void *old, size_t old_len, size_t len, int flags)
 {
 	return (void *)syscall(SYS_mremap, old, old_len, len, flags);
+}
+
+static void raw_munmap(void *addr, size_t len)
+{
+	syscall(SYS_munmap, addr, len);
 }
 
 /* Room for at least need bytes at *p (mmap, then mremap). */
@@ -504,18 +510,18 @@ static void unback(const struct vma *v)
 	/* Aligned as the pages are (mod 2 MiB), so huge pages can hold the
 	 * copy and stay huge where mremap puts them: a fault per 2 MiB. */
 	room = len >= huge ? len + huge : len;
-	m = mmap(NULL, room, PROT_READ | PROT_WRITE,
-		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	m = raw_mmap(NULL, room, PROT_READ | PROT_WRITE,
+		     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (m == MAP_FAILED)
 		return; /* left shared: nothing better to do in a child */
 	shift = (v->start - (uint64_t)(uintptr_t)m) & (room > len ? huge - 1 : 0);
 	tmp = m + shift;
 	if (shift)
-		munmap(m, shift);
+		raw_munmap(m, shift);
 	if (room - shift > len)
-		munmap(tmp + len, room - shift - len);
+		raw_munmap(tmp + len, room - shift - len);
 	if (room > len)
-		madvise(tmp, len, MADV_HUGEPAGE);
+		syscall(SYS_madvise, tmp, len, MADV_HUGEPAGE);
 	while (at < v->end) {
 		off_t d = lseek(urdma_proc.memfd, (off_t)at, SEEK_DATA);
 		off_t h = d < 0 ? -1 : lseek(urdma_proc.memfd, d, SEEK_HOLE);
@@ -525,8 +531,8 @@ static void unback(const struct vma *v)
 			break;
 		e = h < 0 || (uint64_t)h > v->end ? v->end : (uint64_t)h;
 		/* Populated in bulk, not a fault per page. */
-		madvise((char *)tmp + (d - v->start), e - (uint64_t)d,
-			MADV_POPULATE_WRITE);
+		syscall(SYS_madvise, (char *)tmp + (d - v->start),
+			e - (uint64_t)d, MADV_POPULATE_WRITE);
 		for (uint64_t got = (uint64_t)d; got < e;) {
 			ssize_t r = pread(urdma_proc.memfd,
 					  (char *)tmp + (got - v->start),
@@ -542,7 +548,8 @@ static void unback(const struct vma *v)
 		at = e;
 	}
 	mprotect(tmp, len, prot_of(v->perms));
-	mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)v->start);
+	syscall(SYS_mremap, tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED,
+		(void *)v->start);
 }
 
 /*
@@ -567,8 +574,8 @@ static void backing_atfork_child(void)
 		if (backed(&maps.v[i]) && maps.v[i].perms[0] == 'r')
 			unback(&maps.v[i]);
 		else /* our own window */
-			munmap((void *)maps.v[i].start,
-			       maps.v[i].end - maps.v[i].start);
+			raw_munmap((void *)maps.v[i].start,
+				   maps.v[i].end - maps.v[i].start);
 	}
 	close(urdma_proc.memfd);
 	urdma_proc.memfd = -1;
