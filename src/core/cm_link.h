@@ -28,7 +28,9 @@
 #include <stdint.h>
 #include <infiniband/verbs.h>
 
-#define URDMA_CM_LINK_MAGIC 0x6b6c6d63616d7275ull /* "urmacmlk" */
+/* A new member changes the magic: a librdmacm finds only the links it
+ * knows (stop_seq came with "urmacml2"). */
+#define URDMA_CM_LINK_MAGIC 0x326c6d63616d7275ull /* "urmacml2" */
 
 struct verbs_ex_private {
 	uint64_t magic;
