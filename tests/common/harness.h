@@ -66,14 +66,15 @@ void t_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* cond is evaluated before the message's arguments: a message that says
  * strerror(errno) tells the errno of the call in cond (as arguments of one
  * call, the order is unspecified: gcc took errno first). */
-#define CHECK(cond, ...)                                                    \
+#define T_CHECK_(cond, text, ...)                                           \
 	({                                                                  \
 		bool t_ok_ = !!(cond);                                      \
-		t_check_impl(t_ok_, __FILE__, __LINE__, #cond, __VA_ARGS__); \
+		t_check_impl(t_ok_, __FILE__, __LINE__, text, __VA_ARGS__); \
 	})
+#define CHECK(cond, ...) T_CHECK_(cond, #cond, __VA_ARGS__)
 #define REQUIRE(cond, ...)                                                  \
 	do {                                                                \
-		if (!CHECK(cond, __VA_ARGS__))                              \
+		if (!T_CHECK_(cond, #cond, __VA_ARGS__))                    \
 			t_abort();                                          \
 	} while (0)
 

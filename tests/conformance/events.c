@@ -388,6 +388,7 @@ struct cq_waiter {
 	struct ibv_comp_channel *ch;
 	struct ibv_cq *cq;
 	_Atomic int armed; /* rounds the waiter is ready for */
+	atomic_bool quit;  /* the main thread gave up on it */
 	int got, err;
 };
 
@@ -396,7 +397,7 @@ static void *cq_waiter_main(void *arg)
 	struct cq_waiter *w = arg;
 	struct ibv_wc wc[8];
 
-	while (w->got < STOP_ROUNDS) {
+	while (w->got < STOP_ROUNDS && !atomic_load(&w->quit)) {
 		struct ibv_cq *cq;
 		void *ctx;
 		int n;
@@ -462,6 +463,7 @@ static void cq_event_wait_survives_registration(void *arg)
 		/* stuck: a receive more wakes it, if it still waits */
 		struct ibv_recv_wr rw = { .wr_id = 0 }, *bad;
 
+		atomic_store(&w.quit, true);
 		ibv_post_recv(qp, &rw, &bad);
 	}
 	pthread_join(t, NULL);
