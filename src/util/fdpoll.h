@@ -19,14 +19,12 @@
  * (0: a look); < 0: an error other than EINTR. */
 static inline int urdma_poll_fd(int fd, short events, int ms, short *revents)
 {
-	uint64_t end = urdma_now_ns() + (uint64_t)(ms > 0 ? ms : 0) * 1000000ull;
 	struct pollfd p = { .fd = fd, .events = events };
+	/* (no clock for a look: rx_ready makes one at every poll) */
+	uint64_t end = ms > 0 ? urdma_now_ns() + (uint64_t)ms * 1000000ull : 0;
 	int r;
 
-	for (;;) {
-		r = poll(&p, 1, ms);
-		if (r >= 0 || errno != EINTR)
-			break;
+	while ((r = poll(&p, 1, ms)) < 0 && errno == EINTR) {
 		if (ms > 0) {
 			uint64_t now = urdma_now_ns();
 
