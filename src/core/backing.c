@@ -482,9 +482,10 @@ static int back_range_locked(uint64_t start, uint64_t len, bool write)
 			   "access", start, start + len, j.why);
 		return 1;
 	}
-	if (ret && ret != -EFAULT)
+	if (ret && ret != -EFAULT) /* (the piece that failed, if one did) */
 		urdma_err("backing [%#" PRIx64 ", %#" PRIx64 ") failed: %s",
-			  j.bad_start, j.bad_end, strerror(-ret));
+			  j.bad_end ? j.bad_start : start,
+			  j.bad_end ? j.bad_end : start + len, strerror(-ret));
 	return ret;
 }
 
