@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -666,6 +667,19 @@ void *t_alloc(size_t len)
 	REQUIRE(p, "out of memory (%zu bytes)", len);
 	memset(p, 0, sz);
 	return p;
+}
+
+void t_reg_fresh(struct ibv_pd *pd, size_t len, int fill)
+{
+	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct ibv_mr *mr;
+
+	REQUIRE(p != MAP_FAILED, "mmap: %s", strerror(errno));
+	memset(p, fill, len);
+	mr = ibv_reg_mr(pd, p, len, IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(mr, "ibv_reg_mr: %s", strerror(errno));
+	ibv_dereg_mr(mr);
+	munmap(p, len);
 }
 
 void t_conn_local(struct t_res *r, const struct ibv_mr *mr, struct t_conn *out)

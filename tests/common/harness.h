@@ -191,6 +191,11 @@ struct ibv_mr *t_reg(struct t_res *r, void *buf, size_t len, unsigned int access
 void t_dereg(struct t_res *r, struct ibv_mr *mr);
 /* Page-aligned, zeroed memory; fatal on failure. free() it. */
 void *t_alloc(size_t len);
+/* Registers len bytes of fresh private memory (mmap'ed, filled with
+ * fill), deregisters and unmaps them: a registration that moves pages,
+ * and so stops the process's other running threads for a moment with a
+ * signal (core/stop.c).  Fatal on failure. */
+void t_reg_fresh(struct ibv_pd *pd, size_t len, int fill);
 
 void t_conn_local(struct t_res *r, const struct ibv_mr *mr, struct t_conn *out);
 void t_exchange(struct t_peer *p, const struct t_conn *local, struct t_conn *remote);

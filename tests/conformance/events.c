@@ -443,21 +443,13 @@ static void cq_event_wait_survives_registration(void *arg)
 	for (int i = 0; i < STOP_ROUNDS; i++) {
 		struct ibv_recv_wr rw = { .wr_id = (uint64_t)i }, *bad;
 		uint64_t t0 = t_now_ms();
-		struct ibv_mr *mr;
-		char *p;
 
 		while (atomic_load(&w.armed) <= i && t_now_ms() - t0 < T_WAIT_MS)
 			sched_yield();
 		if (atomic_load(&w.armed) > STOP_ROUNDS || atomic_load(&w.armed) <= i)
 			break; /* the waiter failed, or is stuck */
 		REQUIRE(ibv_post_recv(qp, &rw, &bad) == 0, "ibv_post_recv");
-		p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		REQUIRE(p != MAP_FAILED, "mmap");
-		memset(p, i, len);
-		mr = ibv_reg_mr(pd, p, len, IBV_ACCESS_LOCAL_WRITE);
-		REQUIRE(mr, "ibv_reg_mr: %s", strerror(errno));
-		ibv_dereg_mr(mr);
-		munmap(p, len);
+		t_reg_fresh(pd, len, i);
 	}
 	if (atomic_load(&w.armed) <= STOP_ROUNDS && w.got < STOP_ROUNDS) {
 		/* stuck: a receive more wakes it, if it still waits */

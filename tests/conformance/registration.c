@@ -254,6 +254,24 @@ static bool race_round(struct race *r, char *m, unsigned int rd)
 	return ok;
 }
 
+/* fn(arg) in a thread of its own on a fresh 1 MiB stack (glibc would hand
+ * out a cached one, registered already: no pages to move), joined. */
+static void run_on_fresh_stack(void *(*fn)(void *), void *arg)
+{
+	void *stack = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE,
+			   MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+	pthread_attr_t at;
+	pthread_t th;
+
+	REQUIRE(stack != MAP_FAILED, "no memory");
+	pthread_attr_init(&at);
+	pthread_attr_setstack(&at, stack, 1 << 20);
+	REQUIRE(pthread_create(&th, &at, fn, arg) == 0, "thread");
+	pthread_join(th, NULL);
+	pthread_attr_destroy(&at);
+	munmap(stack, 1 << 20);
+}
+
 struct stack_round {
 	struct race *r;
 	unsigned int rd;
@@ -295,21 +313,10 @@ static void race_case(void *arg)
 		bool ok;
 
 		if (r.kind == STACK) {
-			/* A fresh stack each round (glibc would hand out a
-			 * cached one, registered already): pages to move. */
+			/* A fresh stack each round: pages to move. */
 			struct stack_round s = { .r = &r, .rd = rd };
-			void *stack = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE,
-					   MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-			pthread_t th;
-			pthread_attr_t at;
 
-			REQUIRE(stack != MAP_FAILED, "no memory");
-			pthread_attr_init(&at);
-			pthread_attr_setstack(&at, stack, 1 << 20);
-			pthread_create(&th, &at, stack_donor, &s);
-			pthread_join(th, NULL);
-			pthread_attr_destroy(&at);
-			munmap(stack, 1 << 20);
+			run_on_fresh_stack(stack_donor, &s);
 			ok = s.ok;
 		} else {
 			void *to_free;
@@ -606,18 +613,8 @@ static void own_stack_case(void *arg)
 	REQUIRE(pd, "ibv_alloc_pd");
 	for (size_t pad = 0; pad < 2 * PAGE; pad += 64) {
 		struct own_stack o = { .pd = pd, .pad = pad, .bad = -1 };
-		void *stack = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE,
-				   MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-		pthread_attr_t at;
-		pthread_t th;
 
-		REQUIRE(stack != MAP_FAILED, "no memory");
-		pthread_attr_init(&at);
-		pthread_attr_setstack(&at, stack, 1 << 20);
-		REQUIRE(pthread_create(&th, &at, own_stack_main, &o) == 0, "thread");
-		pthread_join(th, NULL);
-		pthread_attr_destroy(&at);
-		munmap(stack, 1 << 20);
+		run_on_fresh_stack(own_stack_main, &o);
 		if (!CHECK(o.bad == 0, "buffer %zu bytes lower: %s", pad,
 			   o.bad == 1 ? "its bytes changed" : "the registration failed"))
 			break;

@@ -1028,22 +1028,13 @@ static void cm_event_wait_survives_registration(void *arg)
 	REQUIRE(w.ch, "rdma_create_event_channel");
 	REQUIRE(pthread_create(&t, NULL, cm_waiter_main, &w) == 0, "thread");
 	for (int i = 0; i < ROUNDS && !w.err; i++) {
-		struct ibv_mr *mr;
-		char *p;
-
 		REQUIRE(rdma_create_id(w.ch, &ids[i], NULL, RDMA_PS_TCP) == 0, "rdma_create_id");
 		made++;
 		REQUIRE(rdma_resolve_addr(ids[i], NULL, (struct sockaddr *)&dst, 100) == 0,
 			"rdma_resolve_addr: %s", strerror(errno));
 		if (!pd)
 			REQUIRE(ids[i]->verbs && (pd = ibv_alloc_pd(ids[i]->verbs)), "a PD");
-		p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		REQUIRE(p != MAP_FAILED, "mmap");
-		memset(p, i, len);
-		mr = ibv_reg_mr(pd, p, len, IBV_ACCESS_LOCAL_WRITE);
-		REQUIRE(mr, "ibv_reg_mr: %s", strerror(errno));
-		ibv_dereg_mr(mr);
-		munmap(p, len);
+		t_reg_fresh(pd, len, i);
 		/* the round before's id, its event acked (or it waits for
 		 * that): a socket each, not a thousand at once */
 		if (i && !w.err) {

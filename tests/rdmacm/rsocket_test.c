@@ -1233,16 +1233,7 @@ static void rpoll_survives_registration(void *arg)
 	REQUIRE(r.rs >= 0, "raccept: %s", strerror(errno));
 	REQUIRE(pthread_create(&t, NULL, rpoll_loop, &r) == 0, "thread");
 	for (int i = 0; i < 1000; i++) {
-		char *m = mmap(NULL, len, PROT_READ | PROT_WRITE,
-			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		struct ibv_mr *mr;
-
-		REQUIRE(m != MAP_FAILED, "mmap");
-		memset(m, i, len);
-		mr = ibv_reg_mr(pd, m, len, IBV_ACCESS_LOCAL_WRITE);
-		REQUIRE(mr, "ibv_reg_mr: %s", strerror(errno));
-		ibv_dereg_mr(mr);
-		munmap(m, len);
+		t_reg_fresh(pd, len, i);
 		if (i % 4 == 0) /* wakes the poller now and then */
 			REQUIRE(rsend(c, "x", 1, 0) == 1, "rsend: %s", strerror(errno));
 	}
