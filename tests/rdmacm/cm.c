@@ -23,6 +23,7 @@
 #include <rdma/rdma_verbs.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -995,7 +996,8 @@ static void sync_endpoints(void *arg)
  * registration of fresh memory, the waiter woken by each event. */
 struct cm_waiter {
 	struct rdma_event_channel *ch;
-	int want, got, err;
+	int want;
+	_Atomic int got, err; /* events taken and acked; errno */
 };
 
 static void *cm_waiter_main(void *arg)
@@ -1003,12 +1005,13 @@ static void *cm_waiter_main(void *arg)
 	struct cm_waiter *w = arg;
 	struct rdma_cm_event *ev;
 
-	for (w->got = 0; w->got < w->want; w->got++) {
+	while (atomic_load(&w->got) < w->want) {
 		if (rdma_get_cm_event(w->ch, &ev)) {
-			w->err = errno;
+			atomic_store(&w->err, errno);
 			break;
 		}
 		rdma_ack_cm_event(ev);
+		atomic_fetch_add(&w->got, 1);
 	}
 	return NULL;
 }
@@ -1027,7 +1030,7 @@ static void cm_event_wait_survives_registration(void *arg)
 
 	REQUIRE(w.ch, "rdma_create_event_channel");
 	REQUIRE(pthread_create(&t, NULL, cm_waiter_main, &w) == 0, "thread");
-	for (int i = 0; i < ROUNDS && !w.err; i++) {
+	for (int i = 0; i < ROUNDS && !atomic_load(&w.err); i++) {
 		REQUIRE(rdma_create_id(w.ch, &ids[i], NULL, RDMA_PS_TCP) == 0, "rdma_create_id");
 		made++;
 		REQUIRE(rdma_resolve_addr(ids[i], NULL, (struct sockaddr *)&dst, 100) == 0,
@@ -1035,16 +1038,26 @@ static void cm_event_wait_survives_registration(void *arg)
 		if (!pd)
 			REQUIRE(ids[i]->verbs && (pd = ibv_alloc_pd(ids[i]->verbs)), "a PD");
 		t_reg_fresh(pd, len, i);
-		/* the round before's id, its event acked (or it waits for
-		 * that): a socket each, not a thousand at once */
-		if (i && !w.err) {
+		/* The round before's id, once the waiter took and acked its
+		 * event: a socket each, not a thousand at once.  (Destroyed
+		 * with its event still queued, the event goes with it, and
+		 * the waiter waited for it for ever.) */
+		for (uint64_t t0 = t_now_ms(); i && atomic_load(&w.got) < i &&
+					       !atomic_load(&w.err) && t_now_ms() - t0 < T_WAIT_MS;)
+			sched_yield();
+		if (i && atomic_load(&w.got) >= i) {
 			rdma_destroy_id(ids[i - 1]);
 			ids[i - 1] = NULL;
 		}
 	}
+	for (uint64_t t0 = t_now_ms(); atomic_load(&w.got) < ROUNDS && !atomic_load(&w.err) &&
+				       t_now_ms() - t0 < T_WAIT_MS;)
+		sched_yield();
+	REQUIRE(atomic_load(&w.got) == ROUNDS || atomic_load(&w.err),
+		"the waiter took %d of %d events, and waits", atomic_load(&w.got), ROUNDS);
 	pthread_join(t, NULL);
-	CHECK(!w.err, "rdma_get_cm_event failed after %d events: %s", w.got, strerror(w.err));
-	CHECK(w.got == ROUNDS, "%d of %d events", w.got, ROUNDS);
+	CHECK(!w.err, "rdma_get_cm_event failed after %d events: %s", atomic_load(&w.got),
+	      strerror(atomic_load(&w.err)));
 	/* the events left after a failure: the ids go only once acked */
 	fcntl(w.ch->fd, F_SETFL, fcntl(w.ch->fd, F_GETFL) | O_NONBLOCK);
 	while (!rdma_get_cm_event(w.ch, &ev))
