@@ -22,12 +22,12 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "core/urdma.h"
 #include "util/alloc.h"
 #include "util/log.h"
+#include "util/rawmm.h"
 
 #define CHUNK_SHIFT 26
 #define CHUNK_SIZE (1ull << CHUNK_SHIFT)
@@ -229,12 +229,11 @@ uint64_t urdma_arena_lock(void)
 
 /* In a forked child the QPs, and so the blocks, are the parent's: the
  * chunks go before backing.c's fork handler would copy them (it calls
- * this first).  Bare munmap: a hook of it (UCX's ucm) may wait for a lock
- * that a parent's thread held at the fork, for ever in the child. */
+ * this first).  A bare munmap (util/rawmm.h). */
 void urdma_arena_atfork_child(void)
 {
 	for (int i = 0; i < A.n; i++)
-		syscall(SYS_munmap, A.c[i]->base, CHUNK_SIZE);
+		raw_munmap(A.c[i]->base, CHUNK_SIZE);
 	memset(&A, 0, sizeof(A));
 	pthread_mutex_init(&A.lock, NULL);
 	atomic_store(&lock_va, 0);

@@ -35,6 +35,7 @@
 #include "core/urdma.h"
 #include "util/alloc.h"
 #include "util/log.h"
+#include "util/rawmm.h"
 
 static struct urdma_wintab self_win;
 
@@ -204,31 +205,6 @@ static struct {
 	size_t vcap; /* bytes */
 } maps;
 
-/* mmap and mremap as bare system calls, for what runs while the other
- * threads are stopped: the libc entry points may be the application's
- * hooks (UCX's ucm patches them to learn of unmaps), which take locks a
- * stopped thread may hold.  ucx_perftest's server hung so: its progress
- * thread, stopped inside ucm's munmap handler with UCX's lock held, and
- * the registering thread waiting for that lock in the hooked mmap that
- * moved the pages.  (The pages keep their contents: a hook has nothing
- * to learn from the move.)  So in a forked child too (unback): a lock a
- * parent's thread held at the fork is held there for ever. */
-static void *raw_mmap(void *addr, size_t len, int prot, int flags, int fd,
-		      off_t off)
-{
-	return (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
-}
-
-static void *raw_mremap(void *old, size_t old_len, size_t len, int flags)
-{
-	return (void *)syscall(SYS_mremap, old, old_len, len, flags);
-}
-
-static void raw_munmap(void *addr, size_t len)
-{
-	syscall(SYS_munmap, addr, len);
-}
-
 /* Room for at least need bytes at *p (mmap, then mremap). */
 static int grow_to(void **p, size_t *cap, size_t need)
 {
@@ -239,7 +215,7 @@ static int grow_to(void **p, size_t *cap, size_t need)
 		return 0;
 	while (want < need)
 		want *= 2;
-	m = *p ? raw_mremap(*p, *cap, want, MREMAP_MAYMOVE)
+	m = *p ? raw_mremap(*p, *cap, want, MREMAP_MAYMOVE, NULL)
 	       : raw_mmap(NULL, want, PROT_READ | PROT_WRITE,
 			  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (m == MAP_FAILED)
@@ -402,7 +378,8 @@ static int back_plan(struct back_job *j)
  * alone.  Runs with every other thread stopped (urdma_stop_world): nothing
  * can store into a page between its copy and its mapping, and the mappings
  * read are still the mappings.  No malloc, no log, no hookable call
- * (raw_mmap) here.
+ * (util/rawmm.h: ucx_perftest's server hung in UCX's mmap hook, whose
+ * lock our stopped progress thread held, in ucm's munmap handler) here.
  */
 static int back_job_run(void *arg)
 {
@@ -522,7 +499,7 @@ static void unback(const struct vma *v)
 	if (room - shift > len)
 		raw_munmap(tmp + len, room - shift - len);
 	if (room > len)
-		syscall(SYS_madvise, tmp, len, MADV_HUGEPAGE);
+		raw_madvise(tmp, len, MADV_HUGEPAGE);
 	while (at < v->end) {
 		off_t d = lseek(urdma_proc.memfd, (off_t)at, SEEK_DATA);
 		off_t h = d < 0 ? -1 : lseek(urdma_proc.memfd, d, SEEK_HOLE);
@@ -532,8 +509,8 @@ static void unback(const struct vma *v)
 			break;
 		e = h < 0 || (uint64_t)h > v->end ? v->end : (uint64_t)h;
 		/* Populated in bulk, not a fault per page. */
-		syscall(SYS_madvise, (char *)tmp + (d - v->start),
-			e - (uint64_t)d, MADV_POPULATE_WRITE);
+		raw_madvise((char *)tmp + (d - v->start), e - (uint64_t)d,
+			    MADV_POPULATE_WRITE);
 		for (uint64_t got = (uint64_t)d; got < e;) {
 			ssize_t r = pread(urdma_proc.memfd,
 					  (char *)tmp + (got - v->start),
@@ -549,8 +526,8 @@ static void unback(const struct vma *v)
 		at = e;
 	}
 	mprotect(tmp, len, prot_of(v->perms));
-	syscall(SYS_mremap, tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED,
-		(void *)v->start);
+	raw_mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED,
+		   (void *)v->start);
 }
 
 /*
