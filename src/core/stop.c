@@ -491,24 +491,19 @@ int urdma_stop_world(int (*fn)(void *), void *arg)
 	char name[32];
 
 	pthread_mutex_lock(&stop_lock);
-	if (!tids) {
-		void *m = mmap(NULL, MAX_TIDS * (sizeof(*tids) + sizeof(*held)),
+	if (!tids) { /* the job's stack first: it grows down, off the map */
+		char *m = mmap(NULL, JOB_STACK_SIZE + MAX_TIDS * (sizeof(*tids) +
+								 sizeof(*held)),
 			       PROT_READ | PROT_WRITE,
-			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		void *st = mmap(NULL, JOB_STACK_SIZE, PROT_READ | PROT_WRITE,
-				MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
 
-		if (m == MAP_FAILED || st == MAP_FAILED) {
-			if (m != MAP_FAILED)
-				munmap(m, MAX_TIDS * (sizeof(*tids) + sizeof(*held)));
-			if (st != MAP_FAILED)
-				munmap(st, JOB_STACK_SIZE);
+		if (m == MAP_FAILED) {
 			pthread_mutex_unlock(&stop_lock);
 			return -ENOMEM;
 		}
-		held = m;
+		job_stack = m;
+		held = (void *)(m + JOB_STACK_SIZE);
 		tids = (pid_t *)(held + MAX_TIDS);
-		job_stack = st;
 	}
 	dirfd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	sig = stop_signal();
