@@ -258,7 +258,7 @@ static int peer_connect(struct urdma_peer *p)
 	/* The listener's process, still there: its end of the connection
 	 * is open (it would be reset otherwise). */
 	p->pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
-	if (p->pidfd >= 0 && urdma_poll_fd(p->sock, POLLRDHUP, 0, NULL) != 0) {
+	if (p->pidfd >= 0 && urdma_poll_fd(p->sock, POLLRDHUP, 0) != 0) {
 		close(p->pidfd);
 		p->pidfd = -1;
 	}
@@ -484,7 +484,7 @@ int urdma_peer_vm(struct urdma_peer *p, bool write, void *local,
 		return -ESRCH;
 	if (now - atomic_load_explicit(&p->alive_at, memory_order_relaxed) >
 	    1000000) {
-		if (urdma_poll_fd(p->pidfd, POLLIN, 0, NULL))
+		if (urdma_poll_fd(p->pidfd, POLLIN, 0))
 			return -ESRCH; /* it exited: its pid may be another's */
 		atomic_store_explicit(&p->alive_at, now, memory_order_relaxed);
 	}

@@ -71,6 +71,11 @@ uint32_t cma_stop_seq(void)
 	return link ? link->stop_seq() : 0;
 }
 
+bool cma_cut_by_stop(uint32_t stops)
+{
+	return errno == EINTR && cma_stop_seq() != stops;
+}
+
 /* The application sets up a connection: what its QPs hold back for their
  * next message goes now (core/cm_link.h). */
 void cma_release_held(void)
@@ -440,8 +445,7 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel,
 						       poll(&pfd, 1, -1);
 		pthread_mutex_lock(&cma_lock);
 		c->waiters--;
-		/* a stop of the threads' signal, not the application's */
-		if (r < 0 && errno == EINTR && cma_stop_seq() != stops)
+		if (r < 0 && cma_cut_by_stop(stops))
 			continue;
 		if (r < 0) {
 			int e = errno;

@@ -169,9 +169,11 @@ static inline void cma_set_device(struct rdma_cm_id *id)
 extern enum ibv_mtu cma_mtu;
 const struct verbs_ex_private *cma_link(void);
 void cma_release_held(void);
-/* The stops of the threads so far (core/cm_link.h): a wait that returned
- * EINTR with this moved was cut by a stop's signal and waits again. */
+/* The stops of the threads so far (core/cm_link.h), read before a wait;
+ * after it, whether the wait's EINTR (errno) came from a stop's signal,
+ * not the application's: then it waits again, as read() would. */
 uint32_t cma_stop_seq(void);
+bool cma_cut_by_stop(uint32_t stops);
 struct cma_id *cma_find(uint64_t handle);
 void cma_kick(void);
 int cma_init(void);

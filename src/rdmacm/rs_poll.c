@@ -70,13 +70,12 @@ static int rs_poll_check(struct pollfd *fds, nfds_t nfds, struct rsocket **map,
 	int cnt = 0, j = 0;
 
 	if (look && nnorm > 0) {
-		uint32_t stops = cma_stop_seq();
+		uint32_t stops;
 		int r;
 
-		/* (a stop's signal is not the application's: look again) */
-		while ((r = poll(norm, (nfds_t)nnorm, 0)) < 0 && errno == EINTR &&
-		       cma_stop_seq() != stops)
+		do
 			stops = cma_stop_seq();
+		while ((r = poll(norm, (nfds_t)nnorm, 0)) < 0 && cma_cut_by_stop(stops));
 		if (r < 0)
 			return -1;
 	}
@@ -206,9 +205,8 @@ RS_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 		slept = true;
 		look = true;
 		if (ret < 0) {
-			/* A stop's signal (core/stop.c) is not the
-			 * application's: poll() would not have seen it. */
-			if (errno == EINTR && cma_stop_seq() != stops)
+			/* (poll() would not have seen a stop's signal) */
+			if (cma_cut_by_stop(stops))
 				continue;
 			if (errno == EINTR)
 				break;

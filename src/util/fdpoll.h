@@ -15,9 +15,9 @@
 
 #include "util/clock.h"
 
-/* > 0: ready (its revents in *revents, if given); 0: not within ms
- * (0: a look); < 0: an error other than EINTR. */
-static inline int urdma_poll_fd(int fd, short events, int ms, short *revents)
+/* > 0: ready (or an error on fd: POLLERR, POLLHUP); 0: not within ms
+ * (0: a look); < 0: an error of poll() other than EINTR. */
+static inline int urdma_poll_fd(int fd, short events, int ms)
 {
 	struct pollfd p = { .fd = fd, .events = events };
 	/* (no clock for a look: rx_ready makes one at every poll) */
@@ -33,8 +33,6 @@ static inline int urdma_poll_fd(int fd, short events, int ms, short *revents)
 			ms = (int)((end - now + 999999) / 1000000);
 		}
 	}
-	if (revents)
-		*revents = p.revents;
 	return r;
 }
 

@@ -65,7 +65,7 @@ static int send_mpa(int fd, const char *key, uint8_t flags,
 				 MSG_NOSIGNAL);
 
 		if (k < 0 && errno == EAGAIN &&
-		    urdma_poll_fd(fd, POLLOUT, 1000, NULL) > 0)
+		    urdma_poll_fd(fd, POLLOUT, 1000) > 0)
 			continue;
 		if (k <= 0)
 			return -1;

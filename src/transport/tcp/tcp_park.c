@@ -195,7 +195,7 @@ void conn_spins(struct tcp_conn *c)
  * processing later. */
 static bool rx_ready(struct tcp_conn *c)
 {
-	return urdma_poll_fd(c->fd, POLLIN, 0, NULL) != 0;
+	return urdma_poll_fd(c->fd, POLLIN, 0) != 0;
 }
 
 /* rbuf holds the start of an untagged FPDU (a Send's), not all of it, and

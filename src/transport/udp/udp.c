@@ -738,7 +738,7 @@ void urdma_udp_send(struct urdma_qp *qp, const struct urdma_swqe *w,
 	if (n < 0 && (errno == EAGAIN || errno == ENOBUFS)) {
 		/* The socket is full: wait a little for room, as a NIC's
 		 * queue would hold the packet. */
-		if (urdma_poll_fd(s->fd, POLLOUT, UDP_SEND_WAIT_MS, NULL) > 0)
+		if (urdma_poll_fd(s->fd, POLLOUT, UDP_SEND_WAIT_MS) > 0)
 			n = sendmsg(s->fd, &mh, MSG_DONTWAIT);
 	}
 	if (mcast)
