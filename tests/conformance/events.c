@@ -18,7 +18,6 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
-#include <sys/mman.h>
 #include <unistd.h>
 #include <time.h>
 #include <stdlib.h>
@@ -389,7 +388,8 @@ struct cq_waiter {
 	struct ibv_cq *cq;
 	_Atomic int armed; /* rounds the waiter is ready for */
 	atomic_bool quit;  /* the main thread gave up on it */
-	int got, err;
+	_Atomic int got;   /* completions taken (read by the main thread) */
+	int err;
 };
 
 static void *cq_waiter_main(void *arg)
@@ -397,7 +397,7 @@ static void *cq_waiter_main(void *arg)
 	struct cq_waiter *w = arg;
 	struct ibv_wc wc[8];
 
-	while (w->got < STOP_ROUNDS && !atomic_load(&w->quit)) {
+	while (atomic_load(&w->got) < STOP_ROUNDS && !atomic_load(&w->quit)) {
 		struct ibv_cq *cq;
 		void *ctx;
 		int n;
@@ -406,10 +406,10 @@ static void *cq_waiter_main(void *arg)
 			w->err = errno ? errno : EIO;
 			break;
 		}
-		atomic_store(&w->armed, w->got + 1);
+		atomic_store(&w->armed, atomic_load(&w->got) + 1);
 		n = ibv_poll_cq(w->cq, 8, wc);
 		if (n > 0) {
-			w->got += n;
+			atomic_fetch_add(&w->got, n);
 			continue;
 		}
 		if (ibv_get_cq_event(w->ch, &cq, &ctx)) {
@@ -451,7 +451,7 @@ static void cq_event_wait_survives_registration(void *arg)
 		REQUIRE(ibv_post_recv(qp, &rw, &bad) == 0, "ibv_post_recv");
 		t_reg_fresh(pd, len, i);
 	}
-	if (atomic_load(&w.armed) <= STOP_ROUNDS && w.got < STOP_ROUNDS) {
+	if (atomic_load(&w.armed) <= STOP_ROUNDS && atomic_load(&w.got) < STOP_ROUNDS) {
 		/* stuck: a receive more wakes it, if it still waits */
 		struct ibv_recv_wr rw = { .wr_id = 0 }, *bad;
 
@@ -459,9 +459,10 @@ static void cq_event_wait_survives_registration(void *arg)
 		ibv_post_recv(qp, &rw, &bad);
 	}
 	pthread_join(t, NULL);
-	CHECK(!w.err, "ibv_get_cq_event failed after %d completions: %s", w.got,
+	CHECK(!w.err, "ibv_get_cq_event failed after %d completions: %s", atomic_load(&w.got),
 	      strerror(w.err));
-	CHECK(w.got >= STOP_ROUNDS, "%d of %d completions", w.got, STOP_ROUNDS);
+	CHECK(atomic_load(&w.got) >= STOP_ROUNDS, "%d of %d completions", atomic_load(&w.got),
+	      STOP_ROUNDS);
 	CHECK(ibv_destroy_qp(qp) == 0, "ibv_destroy_qp");
 	CHECK(ibv_destroy_cq(w.cq) == 0, "ibv_destroy_cq");
 	CHECK(ibv_destroy_comp_channel(w.ch) == 0, "ibv_destroy_comp_channel");
