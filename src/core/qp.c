@@ -412,6 +412,7 @@ int urdma_destroy_qp(struct ibv_qp *ibqp)
 	 * the QP; after, nothing does, and the CQs forget what was pushed. */
 	pthread_mutex_lock(&qp->sq_lock);
 	qp_disconnect(qp);
+	urdma_sq_forget_signaled(qp);
 	pthread_mutex_unlock(&qp->sq_lock);
 	cq_forget_qp(scq, qp);
 	if (rcq != scq)
@@ -577,6 +578,7 @@ static void reset_queues(struct urdma_qp *qp)
 {
 	struct urdma_shm_qp *s = qp->shm;
 
+	urdma_sq_forget_signaled(qp);
 	qp->sq_head = qp->sq_tail = qp->sq_comp = 0;
 	atomic_store(&qp->sq_retired, 0);
 	qp->unsignaled = 0;

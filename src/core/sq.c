@@ -100,6 +100,62 @@ static void sq_complete(struct urdma_qp *qp, struct urdma_swqe *wqe,
 	qp->unsignaled = 0;
 }
 
+/*
+ * An XRC send QP's signaled WRs, counted on the channel of its send CQ as
+ * its transport takes them and as they complete.  A Send over TCP
+ * completes when the peer's answer to the flush Read behind it comes back
+ * on this QP's stream; the peer's reply comes into an XRC SRQ on another
+ * stream, of another QP pair, and may overtake that answer (the kernel
+ * promises no order between two sockets: a reply came 0.9 ms ahead of the
+ * answer sent before it).  A program that waits for its Send's event on
+ * the channel its receive CQ shares (Debian's perftest -e: one channel for
+ * both, then one poll of the send CQ) would take the receive's event
+ * instead.  So the SRQ's event waits for the WRs taken before it, for a
+ * while (srq.c: xrc_event_waits).
+ */
+static struct urdma_channel *sig_chan(const struct urdma_qp *qp)
+{
+	return qp->ibqp.qp_type == IBV_QPT_XRC_SEND ? qp->scq->chan : NULL;
+}
+
+/* The transport is given a WR: counted before, as its bytes may reach the
+ * peer, and the reply come back, before execute returns (under sq_lock). */
+static void sig_taken(struct urdma_qp *qp, struct urdma_swqe *wqe)
+{
+	struct urdma_channel *ch = sig_chan(qp);
+
+	if (ch && (qp->sq_sig_all || (wqe->send_flags & IBV_SEND_SIGNALED))) {
+		wqe->sig_counted = true;
+		qp->xrc_sig_out++;
+		atomic_fetch_add(&ch->xrc_taken, 1);
+	}
+}
+
+/* A WR completed (under sq_lock): an event that waited may go. */
+static void sig_done(struct urdma_qp *qp, struct urdma_swqe *wqe)
+{
+	struct urdma_channel *ch = sig_chan(qp);
+
+	if (wqe->sig_counted) {
+		wqe->sig_counted = false;
+		qp->xrc_sig_out--;
+		atomic_fetch_add(&ch->xrc_done, 1);
+		if (atomic_load(&urdma_xrc_held))
+			urdma_progress_kick();
+	}
+}
+
+/* The QP's posted WRs will not complete (reset, destroyed): counted done.
+ * Under sq_lock. */
+void urdma_sq_forget_signaled(struct urdma_qp *qp)
+{
+	struct urdma_channel *ch = sig_chan(qp);
+
+	if (ch && qp->xrc_sig_out)
+		atomic_fetch_add(&ch->xrc_done, qp->xrc_sig_out);
+	qp->xrc_sig_out = 0;
+}
+
 /* What the QP's transport retries may take before RETRY_EXC_ERR: 4.096 us
  * * 2^timeout per try, retry_cnt + 1 tries; 0 when timeout is 0 (for ever). */
 uint64_t urdma_qp_retry_ns(const struct urdma_qp *qp)
@@ -259,6 +315,7 @@ static void sq_run(struct urdma_qp *qp)
 				quiet = true;
 			}
 			sq_complete(qp, wqe, d - 1);
+			sig_done(qp, wqe);
 			qp->sq_comp++;
 			if (d - 1 != IBV_WC_SUCCESS) {
 				urdma_dbg("qp %#x: wr %#llx failed: %s",
@@ -297,12 +354,16 @@ static void sq_run(struct urdma_qp *qp)
 			status = urdma_mw_execute(qp, wqe); /* local */
 			r = URDMA_TX_DONE;
 		} else {
+			sig_taken(qp, wqe);
 			r = qp->tr ? qp->tr->execute(qp, wqe, &status) :
 				     URDMA_TX_NOT_READY;
 		}
 		running_qp = NULL;
 		if (qp->uc_lost_ns && (r == URDMA_TX_DONE || r == URDMA_TX_POSTED))
 			qp->uc_lost_ns = 0; /* (UC) a way to the responder */
+		/* Not taken: runs again later (and is counted then). */
+		if (r != URDMA_TX_POSTED && r != URDMA_TX_DONE)
+			sig_done(qp, wqe);
 		if (r == URDMA_TX_POSTED) {
 			qp->sq_head++;
 			continue;
@@ -647,6 +708,7 @@ static void sq_put(struct urdma_qp *qp, const struct ibv_send_wr *wr,
 			      0;
 	w->first_try_ns = 0;
 	w->rnr_tries = 0;
+	w->sig_counted = false;
 	atomic_store_explicit(&w->done, 0, memory_order_relaxed);
 	if (wr->opcode == IBV_WR_BIND_MW) {
 		/* The window by its key when posted, the new key, the

@@ -201,6 +201,8 @@ int urdma_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
 	return 0;
 }
 
+static void xrc_hold_end(struct urdma_srq *srq);
+
 int urdma_destroy_srq(struct ibv_srq *ibsrq)
 {
 	struct urdma_srq *srq = to_usrq(ibsrq);
@@ -220,6 +222,7 @@ int urdma_destroy_srq(struct ibv_srq *ibsrq)
 	pthread_mutex_lock(&uctx->lock);
 	list_del(&srq->ctx_node);
 	pthread_mutex_unlock(&uctx->lock);
+	xrc_hold_end(srq); /* (the progress thread no longer sees it) */
 	if (srq->xrcd && !urdma_xsrq_teardown(srq))
 		urdma_warn("xrc srq %#x: destroyed with a deliverer still "
 			   "inside", srq->srqn);
@@ -515,6 +518,49 @@ void urdma_srq_drain(struct urdma_srq *srq)
 	pthread_mutex_unlock(&srq->lock);
 }
 
+static void xrc_hold_end(struct urdma_srq *srq)
+{
+	if (srq->xrc_hold_ns) {
+		srq->xrc_hold_ns = 0;
+		atomic_fetch_sub(&urdma_xrc_held, 1);
+	}
+}
+
+/*
+ * Does an XRC SRQ's receive event wait for the signaled WRs of the XRC
+ * send QPs on its CQ's channel, taken before it (sq.c: sig_chan says
+ * why)?  Until they complete, for at most XRC_HOLD_NS: one the peer does
+ * not answer (its SRQ has no receive posted) must not hold it for ever.
+ * Progress thread.
+ */
+#define XRC_HOLD_NS 20000000ull
+_Atomic int urdma_xrc_held;
+
+static bool xrc_event_waits(struct urdma_srq *srq)
+{
+	struct urdma_channel *ch = srq->cq->chan;
+	uint64_t now;
+
+	if (!ch)
+		return false;
+	now = urdma_now_ns();
+	if (!srq->xrc_hold_ns) {
+		uint32_t taken = atomic_load(&ch->xrc_taken);
+
+		if (atomic_load(&ch->xrc_done) == taken)
+			return false;
+		srq->xrc_hold_ns = now;
+		srq->xrc_hold_to = taken;
+		atomic_fetch_add(&urdma_xrc_held, 1);
+		urdma_progress_by(now + XRC_HOLD_NS);
+	}
+	if ((int32_t)(atomic_load(&ch->xrc_done) - srq->xrc_hold_to) < 0 &&
+	    now - srq->xrc_hold_ns < XRC_HOLD_NS)
+		return true;
+	xrc_hold_end(srq);
+	return false;
+}
+
 /* Progress thread: an entry the poller found unpublished is looked at
  * again (its claimer may be dead: srq_abandoned), without waiting for the
  * application to poll; and a deliverer saw fewer WRs than the armed
@@ -527,11 +573,15 @@ void urdma_srq_maintain(struct urdma_srq *srq)
 	if (__atomic_load_n(&srq->stuck_ns, __ATOMIC_RELAXED))
 		urdma_srq_drain(srq);
 	/* A deliverer completed into an XRC SRQ whose CQ is armed: taken
-	 * into the CQ (without firing), then the CQ fires. */
+	 * into the CQ (without firing), then the CQ fires, once the sends
+	 * before it have; until then the next pass looks again. */
 	if (srq->xrcd && atomic_load(&s->notify_fired) &&
 	    atomic_exchange(&s->notify_fired, 0)) {
 		urdma_srq_drain(srq);
-		urdma_cq_notify(srq->cq);
+		if (xrc_event_waits(srq))
+			atomic_store(&s->notify_fired, 1);
+		else
+			urdma_cq_notify(srq->cq);
 	}
 	if (!atomic_load(&s->limit_hit) || !atomic_exchange(&s->limit_hit, 0))
 		return;

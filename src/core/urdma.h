@@ -141,6 +141,12 @@ struct urdma_channel {
 	pthread_mutex_t lock;
 	struct urdma_cq **q; /* CQs that fired, FIFO */
 	unsigned int head, count, cap;
+	/* Signaled WRs of the XRC send QPs whose send CQ is on this
+	 * channel that the transport took to complete later (TCP: the
+	 * peer's answer): taken, and completed (or forgotten with their QP).  An
+	 * XRC SRQ's receive event on the channel waits for those posted
+	 * before it (srq.c: xrc_event_waits). */
+	_Atomic uint32_t xrc_taken, xrc_done;
 };
 
 struct urdma_cqe {
@@ -256,6 +262,7 @@ struct urdma_swqe {
 	uint32_t inline_len;
 	uint32_t xrc_srqn; /* an XRC send QP's: the target SRQ */
 	_Atomic uint32_t done; /* 0, or the completion status + 1 */
+	bool sig_counted; /* in its channel's xrc_taken (sq.c) */
 	/* A UD QP's: the destination QP, its Q_Key and address */
 	uint32_t ud_qpn, ud_qkey;
 	struct urdma_av av;
@@ -354,6 +361,10 @@ struct urdma_srq {
 	uint32_t stuck_idx;
 	uint64_t stuck_ns;    /* since when poll has waited for its entry */
 	_Atomic int drainers; /* pollers using it without a lock */
+	/* An XRC SRQ's event held for its channel's sends (progress thread):
+	 * since when, and the count of completions it waits for. */
+	uint64_t xrc_hold_ns;
+	uint32_t xrc_hold_to;
 };
 
 /* An XRC SRQ of this user found by its number (srq-<srqn>), of whichever
@@ -425,6 +436,7 @@ struct urdma_qp {
 	uint32_t sq_comp;	   /* oldest WR not yet completed */
 	_Atomic int sq_async;	   /* a transport finished a posted WR */
 	uint32_t unsignaled;	   /* since the last signaled WR */
+	uint32_t xrc_sig_out;	   /* of xrc_taken, not yet completed */
 	_Atomic uint32_t sq_retired;
 	bool sq_pending;
 	/* receive queue, owner side (rq.c) */
@@ -816,6 +828,9 @@ bool urdma_cq_watches(const struct urdma_cq *cq, struct urdma_qp *qp);
  * (counted in qp->pollers), from n up to max.  urdma_xrc_polled: how
  * many targets have such a transport. */
 extern _Atomic int urdma_xrc_polled;
+/* XRC SRQs whose receive event waits for their channel's sends. */
+extern _Atomic int urdma_xrc_held;
+void urdma_sq_forget_signaled(struct urdma_qp *qp);
 struct urdma_transport_ops;
 int urdma_xrc_take_pollers(const struct urdma_context *uctx, uint64_t xrcd_id,
 			   const struct urdma_transport_ops **trs,

@@ -520,6 +520,93 @@ static void xrc_one_process(void *arg)
 	free(odst);
 }
 
+/* ---- A receive's event and the Sends before it, on one channel ---- */
+
+/* Over TCP a Send completes when the peer's answer to it comes back on
+ * its own stream; a reply that answers it comes into an XRC SRQ on
+ * another stream, and may overtake that answer.  A program that waits
+ * for its Send's event on a channel its receive CQ shares (Debian's
+ * perftest -e) must get that event first, so the SRQ's event waits for
+ * the Sends taken before it; for a while only, as a Send may go
+ * unanswered.  Here the Send waits for a receive in an empty SRQ (b)
+ * while another pair carries the reply into SRQ a. */
+static void xrc_receive_event_after_send(void *arg)
+{
+	(void)arg;
+	if (!over_tcp())
+		t_skip("over shared memory a Send completes as it is taken");
+	struct t_opts o = t_opts_default();
+	o.create_qp = false;
+	o.use_channel = true;
+	struct t_res r;
+	t_res_open(&r, &o);
+	struct ibv_xrcd *x = open_xrcd(r.ctx, -1, O_CREAT);
+	REQUIRE(x, "domain");
+	/* a's CQ on the channel of the send CQ; the reply's pair sends into
+	 * a CQ of no channel */
+	struct ibv_cq *cqa = ibv_create_cq(r.ctx, 64, NULL, r.channel, 0);
+	struct ibv_cq *quiet = ibv_create_cq(r.ctx, 64, NULL, NULL, 0);
+	REQUIRE(cqa && quiet, "CQs");
+	struct ibv_srq *sa = xsrq(&r, x, cqa), *sb = xsrq(&r, x, quiet);
+	uint32_t na, nb;
+	REQUIRE(!ibv_get_srq_num(sa, &na) && !ibv_get_srq_num(sb, &nb), "numbers");
+	struct ibv_qp *tgt1 = tgt_qp(&r, x), *ini1 = ini_qp(&r);
+	struct ibv_cq *keep = r.send_cq;
+	r.send_cq = quiet;
+	struct ibv_qp *tgt2 = tgt_qp(&r, x), *ini2 = ini_qp(&r);
+	r.send_cq = keep;
+	connect_local(&r, ini1, tgt1);
+	connect_local(&r, ini2, tgt2);
+	uint8_t *buf = t_alloc(4096);
+	struct ibv_mr *mr = t_reg(&r, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_wc wc;
+
+	for (int round = 0; round < 2; round++) {
+		bool answered = round == 0;
+
+		REQUIRE(ibv_req_notify_cq(r.send_cq, 0) == 0 &&
+			ibv_req_notify_cq(cqa, 0) == 0, "arm");
+		post_srq(sa, 10 + round, buf + 1024, MSG, mr->lkey);
+		REQUIRE(post_xrc(ini1, 20 + round, IBV_WR_SEND, buf, MSG, mr->lkey, nb, 0, 0) == 0,
+			"the Send into the empty SRQ");
+		REQUIRE(post_xrc(ini2, 30 + round, IBV_WR_SEND, buf + 64, MSG, mr->lkey, na, 0,
+				 0) == 0, "the reply");
+		/* The reply's Send completes once it was placed and its
+		 * receive's event claimed. */
+		CHECK(t_expect_wc(quiet, &wc, 30 + round, IBV_WC_SUCCESS, IBV_WC_SEND, "reply"),
+		      "round %d: the reply's Send", round);
+		if (answered) {
+			CHECK(!t_fd_readable(r.channel->fd, 5),
+			      "an event before the Send taken before the receive completed");
+			post_srq(sb, 40, buf + 2048, MSG, mr->lkey);
+			CHECK(t_wait_cq_event(r.channel, r.send_cq, T_WAIT_MS),
+			      "the Send's event is not the first");
+			CHECK(t_wait_cq_event(r.channel, cqa, T_WAIT_MS),
+			      "the receive's event after it");
+		} else {
+			/* Unanswered: the receive's event comes all the same. */
+			CHECK(t_wait_cq_event(r.channel, cqa, T_WAIT_MS),
+			      "no receive event while a Send waits unanswered");
+			post_srq(sb, 41, buf + 2048, MSG, mr->lkey);
+			CHECK(t_wait_cq_event(r.channel, r.send_cq, T_WAIT_MS),
+			      "the Send's event");
+		}
+		CHECK(t_expect_wc(r.send_cq, &wc, 20 + round, IBV_WC_SUCCESS, IBV_WC_SEND, "send"),
+		      "round %d: the Send", round);
+		CHECK(t_expect_wc(cqa, &wc, 10 + round, IBV_WC_SUCCESS, IBV_WC_RECV, "receive"),
+		      "round %d: the reply's receive", round);
+		CHECK(t_expect_wc(quiet, &wc, 40 + round, IBV_WC_SUCCESS, IBV_WC_RECV,
+				  "receive of b"), "round %d: the Send's receive", round);
+	}
+	CHECK(ibv_destroy_qp(ini1) == 0 && ibv_destroy_qp(tgt1) == 0 &&
+	      ibv_destroy_qp(ini2) == 0 && ibv_destroy_qp(tgt2) == 0, "destroy QPs");
+	CHECK(ibv_destroy_srq(sa) == 0 && ibv_destroy_srq(sb) == 0, "destroy SRQs");
+	CHECK(ibv_destroy_cq(cqa) == 0 && ibv_destroy_cq(quiet) == 0, "destroy CQs");
+	CHECK(ibv_close_xrcd(x) == 0, "close domain");
+	t_res_close(&r);
+	free(buf);
+}
+
 /* ---- Two processes: the target of one, the SRQ of the other ---- */
 
 static char pair_path[64];
@@ -630,6 +717,7 @@ int main(int argc, char **argv)
 	close(fd);
 	t_case("xrc_rules", xrc_rules, NULL);
 	t_case("xrc_one_process", xrc_one_process, NULL);
+	t_case("xrc_receive_event_after_send", xrc_receive_event_after_send, NULL);
 	t_pair("xrc_target_and_srq_in_two_processes", pair_parent, pair_child, NULL);
 	int ret = t_finish();
 	unlink(pair_path);
