@@ -111,7 +111,9 @@ static void sq_complete(struct urdma_qp *qp, struct urdma_swqe *wqe,
  * the channel its receive CQ shares (Debian's perftest -e: one channel for
  * both, then one poll of the send CQ) would take the receive's event
  * instead.  So the SRQ's event waits for the WRs taken before it, for a
- * while (srq.c: xrc_event_waits).
+ * while (srq.c: xrc_event_waits).  The counts are sums over the channel's
+ * QPs: a WR of another QP taken later that completes first ends the wait
+ * early (the events then come as they did before).
  */
 static struct urdma_channel *sig_chan(const struct urdma_qp *qp)
 {
@@ -131,12 +133,25 @@ static void sig_taken(struct urdma_qp *qp, struct urdma_swqe *wqe)
 	}
 }
 
+/* The transport did not take it after all (it runs again later, and is
+ * counted then): as if never counted.  Under sq_lock. */
+static void sig_untaken(struct urdma_qp *qp, struct urdma_swqe *wqe)
+{
+	struct urdma_channel *ch = sig_chan(qp);
+
+	if (ch && wqe->sig_counted) {
+		wqe->sig_counted = false;
+		qp->xrc_sig_out--;
+		atomic_fetch_sub(&ch->xrc_taken, 1);
+	}
+}
+
 /* A WR completed (under sq_lock): an event that waited may go. */
 static void sig_done(struct urdma_qp *qp, struct urdma_swqe *wqe)
 {
 	struct urdma_channel *ch = sig_chan(qp);
 
-	if (wqe->sig_counted) {
+	if (ch && wqe->sig_counted) {
 		wqe->sig_counted = false;
 		qp->xrc_sig_out--;
 		atomic_fetch_add(&ch->xrc_done, 1);
@@ -361,9 +376,8 @@ static void sq_run(struct urdma_qp *qp)
 		running_qp = NULL;
 		if (qp->uc_lost_ns && (r == URDMA_TX_DONE || r == URDMA_TX_POSTED))
 			qp->uc_lost_ns = 0; /* (UC) a way to the responder */
-		/* Not taken: runs again later (and is counted then). */
 		if (r != URDMA_TX_POSTED && r != URDMA_TX_DONE)
-			sig_done(qp, wqe);
+			sig_untaken(qp, wqe);
 		if (r == URDMA_TX_POSTED) {
 			qp->sq_head++;
 			continue;

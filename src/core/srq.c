@@ -539,24 +539,30 @@ _Atomic int urdma_xrc_held;
 static bool xrc_event_waits(struct urdma_srq *srq)
 {
 	struct urdma_channel *ch = srq->cq->chan;
+	uint32_t taken;
 	uint64_t now;
 
 	if (!ch)
 		return false;
 	now = urdma_now_ns();
+	taken = atomic_load(&ch->xrc_taken);
 	if (!srq->xrc_hold_ns) {
-		uint32_t taken = atomic_load(&ch->xrc_taken);
-
 		if (atomic_load(&ch->xrc_done) == taken)
 			return false;
 		srq->xrc_hold_ns = now;
 		srq->xrc_hold_to = taken;
+		srq->xrc_held = true;
 		atomic_fetch_add(&urdma_xrc_held, 1);
-		urdma_progress_by(now + XRC_HOLD_NS);
 	}
+	/* (one counted, then not taken after all, is no longer waited for) */
+	if ((int32_t)(taken - srq->xrc_hold_to) < 0)
+		srq->xrc_hold_to = taken;
 	if ((int32_t)(atomic_load(&ch->xrc_done) - srq->xrc_hold_to) < 0 &&
-	    now - srq->xrc_hold_ns < XRC_HOLD_NS)
+	    now - srq->xrc_hold_ns < XRC_HOLD_NS) {
+		/* asked again: an earlier pass asked for takes its place */
+		urdma_progress_by(srq->xrc_hold_ns + XRC_HOLD_NS);
 		return true;
+	}
 	xrc_hold_end(srq);
 	return false;
 }
@@ -578,10 +584,14 @@ void urdma_srq_maintain(struct urdma_srq *srq)
 	if (srq->xrcd && atomic_load(&s->notify_fired) &&
 	    atomic_exchange(&s->notify_fired, 0)) {
 		urdma_srq_drain(srq);
-		if (xrc_event_waits(srq))
+		if (xrc_event_waits(srq)) {
 			atomic_store(&s->notify_fired, 1);
-		else
+		} else if (srq->xrc_held) {
+			srq->xrc_held = false;
+			urdma_cq_notify_left(srq->cq);
+		} else {
 			urdma_cq_notify(srq->cq);
+		}
 	}
 	if (!atomic_load(&s->limit_hit) || !atomic_exchange(&s->limit_hit, 0))
 		return;

@@ -365,6 +365,7 @@ struct urdma_srq {
 	 * since when, and the count of completions it waits for. */
 	uint64_t xrc_hold_ns;
 	uint32_t xrc_hold_to;
+	bool xrc_held; /* the event now due was held */
 };
 
 /* An XRC SRQ of this user found by its number (srq-<srqn>), of whichever
@@ -708,6 +709,7 @@ void urdma_cq_push(struct urdma_cq *cq, const struct ibv_wc *wc,
 void urdma_cq_push_as(struct urdma_cq *cq, const struct ibv_wc *wc,
 		      struct urdma_qp *qp, uint32_t retire, bool fire);
 void urdma_cq_notify(struct urdma_cq *cq);
+void urdma_cq_notify_left(struct urdma_cq *cq);
 void urdma_cq_take_fired(struct urdma_cq *cq);
 /* Armed, and neither fired nor claimed yet (URDMA_NOTIFY_*): read
  * without the lock. */

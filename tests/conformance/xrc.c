@@ -584,9 +584,14 @@ static void xrc_receive_event_after_send(void *arg)
 			CHECK(t_wait_cq_event(r.channel, cqa, T_WAIT_MS),
 			      "the receive's event after it");
 		} else {
-			/* Unanswered: the receive's event comes all the same. */
+			/* Unanswered: the receive's event comes all the same,
+			 * once the wait (20 ms) is over. */
+			uint64_t t0 = t_now_ms();
+
 			CHECK(t_wait_cq_event(r.channel, cqa, T_WAIT_MS),
 			      "no receive event while a Send waits unanswered");
+			CHECK(t_now_ms() - t0 < 150, "the receive's event came after %llu ms",
+			      (unsigned long long)(t_now_ms() - t0));
 			post_srq(sb, 41, buf + 2048, MSG, mr->lkey);
 			CHECK(t_wait_cq_event(r.channel, r.send_cq, T_WAIT_MS),
 			      "the Send's event");
