@@ -451,6 +451,12 @@ static void cq_event_wait_survives_registration(void *arg)
 		REQUIRE(ibv_post_recv(qp, &rw, &bad) == 0, "ibv_post_recv");
 		t_reg_fresh(pd, len, i);
 	}
+	/* The last completion is the waiter's to take yet. */
+	uint64_t t0 = t_now_ms();
+
+	while (atomic_load(&w.armed) <= STOP_ROUNDS && atomic_load(&w.got) < STOP_ROUNDS &&
+	       t_now_ms() - t0 < T_WAIT_MS)
+		sched_yield();
 	if (atomic_load(&w.armed) <= STOP_ROUNDS && atomic_load(&w.got) < STOP_ROUNDS) {
 		/* stuck: a receive more wakes it, if it still waits */
 		struct ibv_recv_wr rw = { .wr_id = 0 }, *bad;
