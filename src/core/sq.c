@@ -133,31 +133,25 @@ static void sig_taken(struct urdma_qp *qp, struct urdma_swqe *wqe)
 	}
 }
 
-/* The transport did not take it after all (it runs again later, and is
- * counted then): as if never counted.  Under sq_lock. */
-static void sig_untaken(struct urdma_qp *qp, struct urdma_swqe *wqe)
+/* A counted WR completed (done), or the transport did not take it after
+ * all (it runs again later, and is counted then).  Under sq_lock. */
+static void sig_uncount(struct urdma_qp *qp, struct urdma_swqe *wqe,
+			bool done)
 {
 	struct urdma_channel *ch = sig_chan(qp);
 
-	if (ch && wqe->sig_counted) {
-		wqe->sig_counted = false;
-		qp->xrc_sig_out--;
+	if (!ch || !wqe->sig_counted)
+		return;
+	wqe->sig_counted = false;
+	qp->xrc_sig_out--;
+	if (!done) {
 		atomic_fetch_sub(&ch->xrc_taken, 1);
+		return;
 	}
-}
-
-/* A WR completed (under sq_lock): an event that waited may go. */
-static void sig_done(struct urdma_qp *qp, struct urdma_swqe *wqe)
-{
-	struct urdma_channel *ch = sig_chan(qp);
-
-	if (ch && wqe->sig_counted) {
-		wqe->sig_counted = false;
-		qp->xrc_sig_out--;
-		atomic_fetch_add(&ch->xrc_done, 1);
-		if (atomic_load(&urdma_xrc_held))
-			urdma_progress_kick();
-	}
+	/* an event that waited may go */
+	atomic_fetch_add(&ch->xrc_done, 1);
+	if (atomic_load(&urdma_xrc_held))
+		urdma_progress_kick();
 }
 
 /* The QP's posted WRs will not complete (reset, destroyed): counted done.
@@ -330,7 +324,7 @@ static void sq_run(struct urdma_qp *qp)
 				quiet = true;
 			}
 			sq_complete(qp, wqe, d - 1);
-			sig_done(qp, wqe);
+			sig_uncount(qp, wqe, true);
 			qp->sq_comp++;
 			if (d - 1 != IBV_WC_SUCCESS) {
 				urdma_dbg("qp %#x: wr %#llx failed: %s",
@@ -377,7 +371,7 @@ static void sq_run(struct urdma_qp *qp)
 		if (qp->uc_lost_ns && (r == URDMA_TX_DONE || r == URDMA_TX_POSTED))
 			qp->uc_lost_ns = 0; /* (UC) a way to the responder */
 		if (r != URDMA_TX_POSTED && r != URDMA_TX_DONE)
-			sig_untaken(qp, wqe);
+			sig_uncount(qp, wqe, false);
 		if (r == URDMA_TX_POSTED) {
 			qp->sq_head++;
 			continue;
