@@ -471,9 +471,10 @@ void urdma_cq_notify(struct urdma_cq *cq)
 	pthread_mutex_unlock(&cq->lock);
 }
 
-/* An event held back (srq.c: xrc_event_waits) whose completions the
- * program may have polled meanwhile: fired only if some are left, as an
- * event for nothing would wake perftest -e to an empty poll. */
+/* An event that comes after its completions were taken into the CQ, so
+ * that the program's polls may have taken them meanwhile (srq.c, an XRC
+ * SRQ's): fired only if some are left, as an event for nothing wakes
+ * perftest -e to an empty poll. */
 void urdma_cq_notify_left(struct urdma_cq *cq)
 {
 	pthread_mutex_lock(&cq->lock);

@@ -128,7 +128,6 @@ static void sig_taken(struct urdma_qp *qp, struct urdma_swqe *wqe)
 
 	if (ch && (qp->sq_sig_all || (wqe->send_flags & IBV_SEND_SIGNALED))) {
 		wqe->sig_counted = true;
-		qp->xrc_sig_out++;
 		atomic_fetch_add(&ch->xrc_taken, 1);
 	}
 }
@@ -140,10 +139,9 @@ static void sig_uncount(struct urdma_qp *qp, struct urdma_swqe *wqe,
 {
 	struct urdma_channel *ch = sig_chan(qp);
 
-	if (!ch || !wqe->sig_counted)
+	if (!wqe->sig_counted)
 		return;
 	wqe->sig_counted = false;
-	qp->xrc_sig_out--;
 	if (!done) {
 		atomic_fetch_sub(&ch->xrc_taken, 1);
 		return;
@@ -154,15 +152,13 @@ static void sig_uncount(struct urdma_qp *qp, struct urdma_swqe *wqe,
 		urdma_progress_kick();
 }
 
-/* The QP's posted WRs will not complete (reset, destroyed): counted done.
+/* The QP's WRs taken will not complete (reset, destroyed): counted done.
+ * Those counted lie between the oldest not completed and the next to run.
  * Under sq_lock. */
 void urdma_sq_forget_signaled(struct urdma_qp *qp)
 {
-	struct urdma_channel *ch = sig_chan(qp);
-
-	if (ch && qp->xrc_sig_out)
-		atomic_fetch_add(&ch->xrc_done, qp->xrc_sig_out);
-	qp->xrc_sig_out = 0;
+	for (uint32_t i = qp->sq_comp; i != qp->sq_head; i++)
+		sig_uncount(qp, sq_slot(qp, i), true);
 }
 
 /* What the QP's transport retries may take before RETRY_EXC_ERR: 4.096 us

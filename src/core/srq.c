@@ -201,7 +201,13 @@ int urdma_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
 	return 0;
 }
 
-static void xrc_hold_end(struct urdma_srq *srq);
+static void xrc_hold_end(struct urdma_srq *srq)
+{
+	if (srq->xrc_hold_ns) {
+		srq->xrc_hold_ns = 0;
+		atomic_fetch_sub(&urdma_xrc_held, 1);
+	}
+}
 
 int urdma_destroy_srq(struct ibv_srq *ibsrq)
 {
@@ -518,14 +524,6 @@ void urdma_srq_drain(struct urdma_srq *srq)
 	pthread_mutex_unlock(&srq->lock);
 }
 
-static void xrc_hold_end(struct urdma_srq *srq)
-{
-	if (srq->xrc_hold_ns) {
-		srq->xrc_hold_ns = 0;
-		atomic_fetch_sub(&urdma_xrc_held, 1);
-	}
-}
-
 /*
  * Does an XRC SRQ's receive event wait for the signaled WRs of the XRC
  * send QPs on its CQ's channel, taken before it (sq.c: sig_chan says
@@ -551,7 +549,6 @@ static bool xrc_event_waits(struct urdma_srq *srq)
 			return false;
 		srq->xrc_hold_ns = now;
 		srq->xrc_hold_to = taken;
-		srq->xrc_held = true;
 		atomic_fetch_add(&urdma_xrc_held, 1);
 	}
 	/* (one counted, then not taken after all, is no longer waited for) */
@@ -580,18 +577,15 @@ void urdma_srq_maintain(struct urdma_srq *srq)
 		urdma_srq_drain(srq);
 	/* A deliverer completed into an XRC SRQ whose CQ is armed: taken
 	 * into the CQ (without firing), then the CQ fires, once the sends
-	 * before it have; until then the next pass looks again. */
+	 * before it have (until then the next pass looks again), and if the
+	 * program's polls did not take what came meanwhile. */
 	if (srq->xrcd && atomic_load(&s->notify_fired) &&
 	    atomic_exchange(&s->notify_fired, 0)) {
 		urdma_srq_drain(srq);
-		if (xrc_event_waits(srq)) {
+		if (xrc_event_waits(srq))
 			atomic_store(&s->notify_fired, 1);
-		} else if (srq->xrc_held) {
-			srq->xrc_held = false;
+		else
 			urdma_cq_notify_left(srq->cq);
-		} else {
-			urdma_cq_notify(srq->cq);
-		}
 	}
 	if (!atomic_load(&s->limit_hit) || !atomic_exchange(&s->limit_hit, 0))
 		return;

@@ -142,10 +142,9 @@ struct urdma_channel {
 	struct urdma_cq **q; /* CQs that fired, FIFO */
 	unsigned int head, count, cap;
 	/* Signaled WRs of the XRC send QPs whose send CQ is on this
-	 * channel that the transport took to complete later (TCP: the
-	 * peer's answer): taken, and completed (or forgotten with their QP).  An
-	 * XRC SRQ's receive event on the channel waits for those posted
-	 * before it (srq.c: xrc_event_waits). */
+	 * channel: given to the transport, and completed (or forgotten with
+	 * their QP).  An XRC SRQ's receive event on the channel waits for
+	 * those taken before it (srq.c: xrc_event_waits). */
 	_Atomic uint32_t xrc_taken, xrc_done;
 };
 
@@ -365,7 +364,6 @@ struct urdma_srq {
 	 * since when, and the count of completions it waits for. */
 	uint64_t xrc_hold_ns;
 	uint32_t xrc_hold_to;
-	bool xrc_held; /* the event now due was held */
 };
 
 /* An XRC SRQ of this user found by its number (srq-<srqn>), of whichever
@@ -437,7 +435,6 @@ struct urdma_qp {
 	uint32_t sq_comp;	   /* oldest WR not yet completed */
 	_Atomic int sq_async;	   /* a transport finished a posted WR */
 	uint32_t unsignaled;	   /* since the last signaled WR */
-	uint32_t xrc_sig_out;	   /* of xrc_taken, not yet completed */
 	_Atomic uint32_t sq_retired;
 	bool sq_pending;
 	/* receive queue, owner side (rq.c) */
