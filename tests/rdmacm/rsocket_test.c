@@ -1215,16 +1215,15 @@ static void *accept_one(void *arg)
 static void rpoll_survives_registration(void *arg)
 {
 	uint16_t port;
-	int ls = listen_any(&port), c, n;
+	int ls = listen_any(&port), c;
 	struct rpoll_reg r = { .rs = -1 };
-	struct ibv_device **list = ibv_get_device_list(&n);
-	struct ibv_context *ctx = list && n ? ibv_open_device(list[0]) : NULL;
-	struct ibv_pd *pd = ctx ? ibv_alloc_pd(ctx) : NULL;
+	struct ibv_context *ctx = t_open_first_device();
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	size_t len = 8192;
 	pthread_t t;
 
 	(void)arg;
-	REQUIRE(pd, "a device and a PD");
+	REQUIRE(pd, "ibv_alloc_pd");
 	r.rs = ls; /* (rconnect returns once accepted: in a thread) */
 	REQUIRE(pthread_create(&t, NULL, accept_one, &r.rs) == 0, "thread");
 	c = client_connect_port(port);
@@ -1246,7 +1245,6 @@ static void rpoll_survives_registration(void *arg)
 	rclose(ls);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
-	ibv_free_device_list(list);
 }
 
 static void *duplex_send(void *arg)
